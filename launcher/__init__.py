@@ -1,0 +1,1 @@
+"""The elastic launcher: processes, Slurm, and the control plane around the migration core."""

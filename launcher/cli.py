@@ -1,0 +1,65 @@
+"""`elastic`: one entry point, subcommands loaded lazily so `elastic plan` never imports torch."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module under launcher.commands, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("plan", "print the migration plan between two parallel layouts"),
+    "bench-plan": ("bench_plan", "time the planner from 8 to 16,384 devices"),
+    "bench": ("bench", "move real training state and compare with checkpoint restarts"),
+    "demo": ("demo", "run a local elastic training demo (shrink and grow on this machine)"),
+    "history": ("history", "query recorded migrations"),
+    "resize": ("resize", "ask a running job to grow or shrink to N nodes"),
+    "preempt": ("preempt", "ask a running job to give nodes back"),
+    "testbed": ("testbed", "bring a real 4-node Slurm cluster up or down on loopback"),
+    "dashboard": ("dashboard", "serve the web dashboard"),
+}
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line on stderr, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="elastic",
+        description="Elastic hybrid-parallel training: plan, run and watch model-state migrations.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            module = importlib.import_module(f"launcher.commands.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"launcher.commands.{module_name}":
+                raise
+            sp.set_defaults(_run=_not_built(name))
+            continue
+        module.add_arguments(sp)
+        sp.set_defaults(_run=module.run)
+    return parser
+
+
+def _not_built(name: str):
+    def run(_args: argparse.Namespace) -> int:
+        print(f"elastic {name}: not built yet in this version", file=sys.stderr)
+        return 2
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except UsageError as exc:
+        print(f"elastic {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
