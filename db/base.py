@@ -1,0 +1,79 @@
+"""Shared plumbing for the Store: engine, sessions-as-transactions, clock, time conversion."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Callable, Iterator
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.engine import open_engine
+from db.errors import DatabaseError
+from db.schema import upgrade
+from db.urls import normalize_url
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def to_db(value: datetime) -> datetime:
+    """Aware (or naive-as-UTC) -> naive UTC, the only form stored."""
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value
+
+
+def from_db(value: datetime | None) -> datetime | None:
+    """Naive UTC from the database -> aware UTC for callers."""
+    return value.replace(tzinfo=timezone.utc) if value is not None else None
+
+
+class StoreBase:
+    """Opens the database, upgrades its schema, and hands out one transaction per call."""
+
+    def __init__(self, url: str, *, create: bool = True, clock: Clock | None = None) -> None:
+        self.url = normalize_url(url)
+        self._engine, self.display_url = open_engine(self.url, create=create)
+        try:
+            if not create:
+                from sqlalchemy import inspect
+
+                with self._engine.connect() as conn:
+                    if not inspect(conn).has_table("schema_version"):
+                        raise DatabaseError(
+                            f"{self.display_url} is not an elastic database (no schema_version "
+                            "table); check --db"
+                        )
+            self.schema_found, self.schema_version = upgrade(self._engine, self.display_url)
+        except SQLAlchemyError as exc:
+            self._engine.dispose()
+            raise DatabaseError(f"cannot use {self.display_url}: {getattr(exc, 'orig', exc)}") from None
+        except DatabaseError:
+            self._engine.dispose()
+            raise
+        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        self._clock: Clock = clock or utc_now
+
+    def now(self) -> datetime:
+        """Naive UTC 'now' from the injectable clock (tests pin time with it)."""
+        return to_db(self._clock())
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        """One transaction: commit on success, roll back on any error."""
+        with self._sessions() as session, session.begin():
+            yield session
+
+    def close(self) -> None:
+        """Release pooled connections (tests and short CLI runs call this)."""
+        self._engine.dispose()
+
+    def __enter__(self) -> "StoreBase":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

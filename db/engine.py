@@ -1,0 +1,90 @@
+"""Open an SQLAlchemy engine for a URL and turn every failure into a DatabaseError that
+says which URL, why, and what to do (operators see these messages verbatim)."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine.url import URL
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.pool import StaticPool
+
+from db.errors import DatabaseError
+
+
+def _safe(url: URL) -> str:
+    """The URL with any password hidden, for messages."""
+    return url.render_as_string(hide_password=True)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    """WAL lets the dashboard read while the launcher writes; FKs make cascades real;
+    busy_timeout makes concurrent writers wait instead of failing at once."""
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cur.close()
+
+
+def open_engine(raw_url: str, *, create: bool) -> tuple[Engine, str]:
+    """Create the engine and check it connects; returns (engine, printable URL).
+
+    With create=False a missing SQLite file is an error and nothing is created on disk.
+    """
+    try:
+        url = make_url(raw_url)
+    except ArgumentError as exc:
+        raise DatabaseError(
+            f"cannot parse database URL {raw_url!r}: {exc}; use e.g. sqlite:///var/elastic.db"
+        ) from None
+    shown = _safe(url)
+    kwargs: dict[str, Any] = {}
+    is_sqlite = url.get_backend_name() == "sqlite"
+    memory = is_sqlite and url.database in (None, "", ":memory:")
+    if is_sqlite and not memory:
+        path = url.database or ""
+        if not create and not os.path.exists(path):
+            raise DatabaseError(
+                f"no database at {shown} (file {path!r} does not exist); check --db, or let the "
+                "launcher create it by starting a job"
+            )
+        parent = os.path.dirname(os.path.abspath(path))
+        if create and not os.path.isdir(parent):
+            raise DatabaseError(
+                f"cannot create database {shown}: directory {parent!r} does not exist; create it first"
+            )
+        kwargs["connect_args"] = {"timeout": 10, "check_same_thread": False}
+    elif memory:
+        # One shared connection, or every session would see its own empty database.
+        kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+    try:
+        engine = create_engine(url, **kwargs)
+    except NoSuchModuleError:
+        raise DatabaseError(
+            f"unknown database kind in {shown}: SQLAlchemy has no dialect "
+            f"{url.drivername!r}; use sqlite:///PATH or e.g. postgresql+psycopg://..."
+        ) from None
+    except ModuleNotFoundError as exc:
+        raise DatabaseError(
+            f"cannot open {shown}: its driver module {exc.name!r} is not installed; pip install it"
+        ) from None
+    except (ArgumentError, SQLAlchemyError) as exc:
+        raise DatabaseError(f"cannot open {shown}: {exc}") from None
+    if is_sqlite:
+        event.listen(engine, "connect", _sqlite_pragmas)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        reason = str(getattr(exc, "orig", exc)) or type(exc).__name__
+        raise DatabaseError(
+            f"cannot open {shown}: {reason}; check the URL, that the server is up, and permissions"
+        ) from None
+    return engine, shown

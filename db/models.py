@@ -1,0 +1,153 @@
+"""ORM tables (current schema). Only `db.store` and `db.schema` import this module.
+
+Times are stored as naive UTC (SQLite has no time zones); the store converts to aware UTC
+at the boundary. JSON columns hold small summaries only (plans, fragmentation snapshots).
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Optional
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    """Declarative base; `Base.metadata` is the current schema."""
+
+
+class SchemaVersion(Base):
+    """One row holding the schema version, so `db.schema.upgrade` knows what to run."""
+
+    __tablename__ = "schema_version"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    version: Mapped[int]
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    slurm_job_id: Mapped[Optional[str]] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    layout: Mapped[str] = mapped_column(String(64))
+    gpus_per_node: Mapped[int]
+    pinned_node: Mapped[Optional[str]] = mapped_column(String(200))
+    max_devices: Mapped[int]
+    sla_tier: Mapped[str] = mapped_column(String(16), default="standard")
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+    __table_args__ = (UniqueConstraint("job_id", "name"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16))
+    pinned: Mapped[bool] = mapped_column(default=False)
+    devices: Mapped[list[DeviceRow]] = relationship(
+        back_populates="node", cascade="all, delete-orphan", order_by="DeviceRow.gpu"
+    )
+
+
+class DeviceRow(Base):
+    __tablename__ = "devices"
+    __table_args__ = (UniqueConstraint("node_id", "gpu"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    gpu: Mapped[int]
+    state: Mapped[str] = mapped_column(String(16))
+    node: Mapped[NodeRow] = relationship(back_populates="devices")
+
+
+class RankMapRow(Base):
+    __tablename__ = "rank_maps"
+    __table_args__ = (UniqueConstraint("job_id", "epoch"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int]
+    layout: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime]
+    ended_at: Mapped[Optional[datetime]]
+    entries: Mapped[list[RankEntryRow]] = relationship(
+        back_populates="rank_map", cascade="all, delete-orphan", order_by="RankEntryRow.virtual_rank"
+    )
+
+
+class RankEntryRow(Base):
+    __tablename__ = "rank_map_entries"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    rank_map_id: Mapped[int] = mapped_column(ForeignKey("rank_maps.id", ondelete="CASCADE"), index=True)
+    virtual_rank: Mapped[int]
+    node: Mapped[str] = mapped_column(String(200))
+    gpu: Mapped[int]
+    pp: Mapped[int]
+    dp: Mapped[int]
+    tp: Mapped[int]
+    rank_map: Mapped[RankMapRow] = relationship(back_populates="entries")
+
+
+class MigrationRow(Base):
+    __tablename__ = "migrations"
+    __table_args__ = (Index("ix_migrations_started_at", "started_at"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    from_layout: Mapped[str] = mapped_column(String(64))
+    to_layout: Mapped[str] = mapped_column(String(64))
+    trigger: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[datetime]
+    finished_at: Mapped[Optional[datetime]]
+    bytes_moved: Mapped[Optional[int]] = mapped_column(BigInteger)
+    bytes_checkpoint: Mapped[Optional[int]] = mapped_column(BigInteger)
+    bit_exact: Mapped[Optional[bool]]
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    plan_summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    fragmentation_before: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    fragmentation_after: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)
+    phases: Mapped[list[MigrationPhaseRow]] = relationship(
+        back_populates="migration", cascade="all, delete-orphan", order_by="MigrationPhaseRow.id"
+    )
+
+
+class MigrationPhaseRow(Base):
+    __tablename__ = "migration_phases"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    migration_id: Mapped[int] = mapped_column(ForeignKey("migrations.id", ondelete="CASCADE"), index=True)
+    phase: Mapped[str] = mapped_column(String(16))
+    seconds: Mapped[float]
+    migration: Mapped[MigrationRow] = relationship(back_populates="phases")
+
+
+class AdminRequestRow(Base):
+    __tablename__ = "admin_requests"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    action: Mapped[str] = mapped_column(String(16))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    requested_by: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16))
+    message: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    completed_at: Mapped[Optional[datetime]]
+
+
+class AuditRowORM(Base):
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    who: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(200))
+    result: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(index=True)
+
+
+class UserRow(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(512))
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]

@@ -1,0 +1,124 @@
+"""Plain, immutable values returned by `Store`, so no caller ever holds an ORM object
+(or a session) and results can be passed across threads or serialized as-is."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    name: str
+    slurm_job_id: str | None
+    state: str
+    layout: str
+    gpus_per_node: int
+    pinned_node: str | None
+    max_devices: int
+    sla_tier: str
+    created_at: datetime
+    updated_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["created_at"], d["updated_at"] = _iso(self.created_at), _iso(self.updated_at)
+        return d
+
+
+@dataclass(frozen=True)
+class Node:
+    job_id: int
+    name: str
+    state: str
+    pinned: bool
+    devices: dict[int, str] = field(default_factory=dict)  # gpu index -> used/idle/failed
+
+
+@dataclass(frozen=True)
+class RankEntry:
+    """Where one virtual rank runs, and its coordinates in the PP x DP x TP grid."""
+
+    virtual_rank: int
+    node: str
+    gpu: int
+    pp: int
+    dp: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class RankMap:
+    job_id: int
+    epoch: int
+    layout: str
+    started_at: datetime
+    ended_at: datetime | None
+    entries: tuple[RankEntry, ...]
+
+
+@dataclass(frozen=True)
+class Migration:
+    id: int
+    job_id: int
+    job_name: str
+    from_layout: str
+    to_layout: str
+    trigger: str
+    status: str
+    started_at: datetime
+    finished_at: datetime | None
+    bytes_moved: int | None
+    bytes_checkpoint: int | None
+    bit_exact: bool | None
+    error: str | None
+    plan_summary: dict[str, Any]
+    fragmentation_before: dict[str, Any]
+    fragmentation_after: dict[str, Any] | None
+    phases: dict[str, float]
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class AdminRequest:
+    id: int
+    job_id: int
+    action: str
+    params: dict[str, Any]
+    requested_by: str
+    status: str
+    message: str | None
+    created_at: datetime
+    completed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    id: int
+    who: str
+    action: str
+    target: str
+    result: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class User:
+    """A dashboard user; the password hash never leaves the store."""
+
+    name: str
+    role: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"

@@ -1,0 +1,213 @@
+"""Schema versioning: a `schema_version` table and an ordered list of upgrade steps.
+
+A fresh database is created from the current models and stamped with CURRENT_VERSION.
+An existing one is brought forward by running MIGRATIONS[v-1:] (step i upgrades from
+version i+1 to i+2), each step plus its version bump in one transaction. Steps use frozen
+Core definitions or plain DDL, never the current models, so old steps keep meaning
+the same thing when the models change later.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    inspect,
+    text,
+)
+from sqlalchemy.engine import Connection, Engine
+
+from db.errors import DatabaseError
+from db.models import Base
+
+Step = Callable[[Connection], None]
+
+
+def v1_metadata() -> MetaData:
+    """The launcher-only schema as first shipped (v1): no SLA tier, no dashboard tables."""
+    md = MetaData()
+    Table("schema_version", md, Column("id", Integer, primary_key=True), Column("version", Integer, nullable=False))
+    Table(
+        "jobs", md,
+        Column("id", Integer, primary_key=True),
+        Column("name", String(200), nullable=False, index=True),
+        Column("slurm_job_id", String(64)),
+        Column("state", String(16), nullable=False),
+        Column("layout", String(64), nullable=False),
+        Column("gpus_per_node", Integer, nullable=False),
+        Column("pinned_node", String(200)),
+        Column("max_devices", Integer, nullable=False),
+        Column("created_at", DateTime, nullable=False),
+        Column("updated_at", DateTime, nullable=False),
+    )
+    Table(
+        "nodes", md,
+        Column("id", Integer, primary_key=True),
+        Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True),
+        Column("name", String(200), nullable=False),
+        Column("state", String(16), nullable=False),
+        Column("pinned", Boolean, nullable=False),
+        UniqueConstraint("job_id", "name"),
+    )
+    Table(
+        "devices", md,
+        Column("id", Integer, primary_key=True),
+        Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False, index=True),
+        Column("gpu", Integer, nullable=False),
+        Column("state", String(16), nullable=False),
+        UniqueConstraint("node_id", "gpu"),
+    )
+    Table(
+        "rank_maps", md,
+        Column("id", Integer, primary_key=True),
+        Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True),
+        Column("epoch", Integer, nullable=False),
+        Column("layout", String(64), nullable=False),
+        Column("started_at", DateTime, nullable=False),
+        Column("ended_at", DateTime),
+        UniqueConstraint("job_id", "epoch"),
+    )
+    Table(
+        "rank_map_entries", md,
+        Column("id", Integer, primary_key=True),
+        Column("rank_map_id", Integer, ForeignKey("rank_maps.id", ondelete="CASCADE"), nullable=False, index=True),
+        Column("virtual_rank", Integer, nullable=False),
+        Column("node", String(200), nullable=False),
+        Column("gpu", Integer, nullable=False),
+        Column("pp", Integer, nullable=False),
+        Column("dp", Integer, nullable=False),
+        Column("tp", Integer, nullable=False),
+    )
+    Table(
+        "migrations", md,
+        Column("id", Integer, primary_key=True),
+        Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True),
+        Column("from_layout", String(64), nullable=False),
+        Column("to_layout", String(64), nullable=False),
+        Column("trigger", String(16), nullable=False),
+        Column("status", String(16), nullable=False),
+        Column("started_at", DateTime, nullable=False),
+        Column("finished_at", DateTime),
+        Column("bytes_moved", BigInteger),
+        Column("bytes_checkpoint", BigInteger),
+        Column("bit_exact", Boolean),
+        Column("error", Text),
+        Column("plan_summary", JSON, nullable=False),
+        Column("fragmentation_before", JSON, nullable=False),
+        Column("fragmentation_after", JSON),
+        Index("ix_migrations_started_at", "started_at"),
+    )
+    Table(
+        "migration_phases", md,
+        Column("id", Integer, primary_key=True),
+        Column("migration_id", Integer, ForeignKey("migrations.id", ondelete="CASCADE"), nullable=False, index=True),
+        Column("phase", String(16), nullable=False),
+        Column("seconds", Float, nullable=False),
+    )
+    return md
+
+
+def _v1_to_v2(conn: Connection) -> None:
+    """v2: SLA tiers on jobs, and the dashboard's tables (admin requests, audit, users)."""
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN sla_tier VARCHAR(16) NOT NULL DEFAULT 'standard'"))
+    md = MetaData()
+    Table("jobs", md, Column("id", Integer, primary_key=True))
+    Table(
+        "admin_requests", md,
+        Column("id", Integer, primary_key=True),
+        Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True),
+        Column("action", String(16), nullable=False),
+        Column("params", JSON, nullable=False),
+        Column("requested_by", String(200), nullable=False),
+        Column("status", String(16), nullable=False),
+        Column("message", Text),
+        Column("created_at", DateTime, nullable=False),
+        Column("completed_at", DateTime),
+    )
+    Table(
+        "audit_log", md,
+        Column("id", Integer, primary_key=True),
+        Column("who", String(200), nullable=False),
+        Column("action", String(64), nullable=False),
+        Column("target", String(200), nullable=False),
+        Column("result", Text, nullable=False),
+        Column("at", DateTime, nullable=False, index=True),
+    )
+    Table(
+        "users", md,
+        Column("id", Integer, primary_key=True),
+        Column("name", String(200), nullable=False, unique=True),
+        Column("password_hash", String(512), nullable=False),
+        Column("role", String(16), nullable=False),
+        Column("created_at", DateTime, nullable=False),
+    )
+    md.create_all(conn, tables=[md.tables["admin_requests"], md.tables["audit_log"], md.tables["users"]])
+
+
+#: MIGRATIONS[i] upgrades a database from version i+1 to version i+2.
+MIGRATIONS: list[Step] = [_v1_to_v2]
+CURRENT_VERSION = len(MIGRATIONS) + 1
+
+
+def read_version(conn: Connection) -> int | None:
+    """The stored version, or None when the database has no elastic schema at all."""
+    if not inspect(conn).has_table("schema_version"):
+        return None
+    row = conn.execute(text("SELECT version FROM schema_version ORDER BY id LIMIT 1")).first()
+    return int(row[0]) if row else None
+
+
+def _stamp(conn: Connection, version: int) -> None:
+    updated = conn.execute(text("UPDATE schema_version SET version = :v"), {"v": version}).rowcount
+    if not updated:
+        conn.execute(text("INSERT INTO schema_version (id, version) VALUES (1, :v)"), {"v": version})
+
+
+def create_v1(engine: Engine) -> None:
+    """Create a v1 database (used by tests of the upgrade path, and kept as history)."""
+    with engine.begin() as conn:
+        v1_metadata().create_all(conn)
+        _stamp(conn, 1)
+
+
+def upgrade(engine: Engine, url_for_messages: str) -> tuple[int | None, int]:
+    """Bring the schema to CURRENT_VERSION; return (version found, version now).
+
+    Refuses databases written by a newer release rather than guessing at their shape.
+    """
+    with engine.connect() as conn:
+        found = read_version(conn)
+        has_tables = bool(inspect(conn).get_table_names())
+    if found is None:
+        if has_tables:
+            raise DatabaseError(
+                f"{url_for_messages} holds tables but no schema_version: it is not an elastic "
+                "database; point --db at another database"
+            )
+        with engine.begin() as conn:
+            Base.metadata.create_all(conn)
+            _stamp(conn, CURRENT_VERSION)
+        return None, CURRENT_VERSION
+    if found > CURRENT_VERSION:
+        raise DatabaseError(
+            f"{url_for_messages} has schema version {found}, newer than this release understands "
+            f"({CURRENT_VERSION}); upgrade elastic-launch"
+        )
+    for version in range(found, CURRENT_VERSION):
+        with engine.begin() as conn:
+            MIGRATIONS[version - 1](conn)
+            _stamp(conn, version + 1)
+    return found, CURRENT_VERSION

@@ -1,0 +1,437 @@
+"""`Store`: the facade every other package uses to read and write elastic state.
+
+Each public method is one transaction, returns plain records (db.records) or dicts, and
+validates enumerated values against db.vocab before anything reaches SQL.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session, selectinload
+
+from db import placement as placement_mod
+from db.base import Clock, StoreBase, from_db, to_db
+from db.errors import NotFoundError
+from db.models import DeviceRow, JobRow, MigrationPhaseRow, MigrationRow, NodeRow, RankEntryRow, RankMapRow
+from db.records import Job, Migration, Node, RankEntry, RankMap
+from db.sla import gpu_fraction
+from db.store_admin import AdminMixin
+from db.vocab import (
+    JOB_STATES,
+    MIGRATION_STATUSES,
+    MIGRATION_TRIGGERS,
+    NODE_STATES,
+    PHASES,
+    SLA_TIERS,
+    check,
+)
+
+HISTORY_COLUMNS = (
+    "id", "job_id", "job_name", "trigger", "status", "from_layout", "to_layout", "started_at",
+    "finished_at", "duration_s", "bytes_moved", "bytes_checkpoint", "bit_exact", "error",
+)
+
+
+def _job(row: JobRow) -> Job:
+    return Job(
+        id=row.id, name=row.name, slurm_job_id=row.slurm_job_id, state=row.state, layout=row.layout,
+        gpus_per_node=row.gpus_per_node, pinned_node=row.pinned_node, max_devices=row.max_devices,
+        sla_tier=row.sla_tier, created_at=from_db(row.created_at), updated_at=from_db(row.updated_at),
+    )  # type: ignore[arg-type]
+
+
+def _entry(value: RankEntry | Mapping[str, Any]) -> RankEntry:
+    if isinstance(value, RankEntry):
+        return value
+    return RankEntry(**{k: (str(value[k]) if k == "node" else int(value[k]))
+                        for k in ("virtual_rank", "node", "gpu", "pp", "dp", "tp")})
+
+
+def _rank_map(row: RankMapRow) -> RankMap:
+    return RankMap(
+        job_id=row.job_id, epoch=row.epoch, layout=row.layout, started_at=from_db(row.started_at),  # type: ignore[arg-type]
+        ended_at=from_db(row.ended_at),
+        entries=tuple(RankEntry(e.virtual_rank, e.node, e.gpu, e.pp, e.dp, e.tp) for e in row.entries),
+    )
+
+
+def _migration(row: MigrationRow, job_name: str) -> Migration:
+    phases: dict[str, float] = {}
+    for p in row.phases:
+        phases[p.phase] = phases.get(p.phase, 0.0) + p.seconds
+    return Migration(
+        id=row.id, job_id=row.job_id, job_name=job_name, from_layout=row.from_layout,
+        to_layout=row.to_layout, trigger=row.trigger, status=row.status,
+        started_at=from_db(row.started_at), finished_at=from_db(row.finished_at),  # type: ignore[arg-type]
+        bytes_moved=row.bytes_moved, bytes_checkpoint=row.bytes_checkpoint, bit_exact=row.bit_exact,
+        error=row.error, plan_summary=dict(row.plan_summary or {}),
+        fragmentation_before=dict(row.fragmentation_before or {}),
+        fragmentation_after=dict(row.fragmentation_after) if row.fragmentation_after is not None else None,
+        phases=phases,
+    )
+
+
+def _history_row(m: Migration) -> dict[str, Any]:
+    """A flat, JSON/CSV-ready row; the same shape for the CLI and the dashboard."""
+    return {
+        "id": m.id, "job_id": m.job_id, "job_name": m.job_name, "trigger": m.trigger,
+        "status": m.status, "from_layout": m.from_layout, "to_layout": m.to_layout,
+        "started_at": m.started_at.isoformat(), "finished_at": m.finished_at.isoformat() if m.finished_at else None,
+        "duration_s": round(m.duration_s, 3) if m.duration_s is not None else None,
+        "bytes_moved": m.bytes_moved, "bytes_checkpoint": m.bytes_checkpoint, "bit_exact": m.bit_exact,
+        "error": m.error,
+    }
+
+
+class Store(AdminMixin, StoreBase):
+    """The only way to touch the elastic database.
+
+    `Store(url)` opens (creating if needed) and upgrades the schema; `Store(url, create=False)`
+    refuses to create anything, for read-only tools like `elastic history`. Raises
+    db.DatabaseError with a clear message when the URL cannot be used.
+    """
+
+    def __init__(self, url: str, *, create: bool = True, clock: Clock | None = None) -> None:
+        super().__init__(url, create=create, clock=clock)
+
+    # ----------------------------------------------------------------- jobs
+    def create_job(
+        self,
+        name: str,
+        layout: str,
+        gpus_per_node: int,
+        max_devices: int,
+        *,
+        slurm_job_id: str | None = None,
+        pinned_node: str | None = None,
+        sla_tier: str = "standard",
+        state: str = "running",
+        nodes: Sequence[str] = (),
+    ) -> int:
+        """Register a job (and its nodes; the pinned node is marked pinned); returns its id."""
+        check("job state", state, JOB_STATES)
+        check("SLA tier", sla_tier, SLA_TIERS)
+        if gpus_per_node <= 0 or max_devices <= 0:
+            raise ValueError("gpus_per_node and max_devices must be positive")
+        now = self.now()
+        with self._tx() as s:
+            job = JobRow(name=name, slurm_job_id=slurm_job_id, state=state, layout=layout,
+                         gpus_per_node=gpus_per_node, pinned_node=pinned_node, max_devices=max_devices,
+                         sla_tier=sla_tier, created_at=now, updated_at=now)
+            s.add(job)
+            s.flush()
+            names = list(dict.fromkeys([*nodes, *([pinned_node] if pinned_node else [])]))
+            for n in names:
+                s.add(self._new_node(job, n, "active", n == pinned_node))
+            return job.id
+
+    @staticmethod
+    def _new_node(job: JobRow, name: str, state: str, pinned: bool) -> NodeRow:
+        node = NodeRow(job_id=job.id, name=name, state=state, pinned=pinned)
+        node.devices = [DeviceRow(gpu=g, state="idle") for g in range(job.gpus_per_node)]
+        return node
+
+    def _job_row(self, s: Session, job_id: int) -> JobRow:
+        row = s.get(JobRow, job_id)
+        if row is None:
+            raise NotFoundError(f"no job with id {job_id}")
+        return row
+
+    def get_job(self, job_id: int) -> Job | None:
+        with self._tx() as s:
+            row = s.get(JobRow, job_id)
+            return _job(row) if row else None
+
+    def find_job(self, ref: int | str) -> Job | None:
+        """A job by id (int or digits) or by name (the newest job of that name)."""
+        if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+            return self.get_job(int(ref))
+        with self._tx() as s:
+            row = s.scalars(select(JobRow).where(JobRow.name == ref).order_by(JobRow.id.desc())).first()
+            return _job(row) if row else None
+
+    def list_jobs(self, state: str | None = None) -> list[Job]:
+        with self._tx() as s:
+            q = select(JobRow).order_by(JobRow.id)
+            if state is not None:
+                q = q.where(JobRow.state == check("job state", state, JOB_STATES))
+            return [_job(r) for r in s.scalars(q)]
+
+    def set_job_state(self, job_id: int, state: str) -> None:
+        check("job state", state, JOB_STATES)
+        with self._tx() as s:
+            row = self._job_row(s, job_id)
+            row.state, row.updated_at = state, self.now()
+            if state in ("finished", "failed"):
+                for rm in s.scalars(select(RankMapRow).where(RankMapRow.job_id == job_id,
+                                                             RankMapRow.ended_at.is_(None))):
+                    rm.ended_at = row.updated_at
+
+    # ---------------------------------------------------------------- nodes
+    def set_node_state(self, job_id: int, node: str, state: str, *, pinned: bool | None = None) -> None:
+        """Set a node's state (creating the node row if new); failed nodes fail their devices."""
+        check("node state", state, NODE_STATES)
+        with self._tx() as s:
+            job = self._job_row(s, job_id)
+            row = s.scalars(select(NodeRow).where(NodeRow.job_id == job_id, NodeRow.name == node)).first()
+            if row is None:
+                row = self._new_node(job, node, state, bool(pinned))
+                s.add(row)
+            row.state = state
+            if pinned is not None:
+                row.pinned = pinned
+            if state == "failed":
+                for d in row.devices:
+                    d.state = "failed"
+            job.updated_at = self.now()
+
+    def list_nodes(self, job_id: int) -> list[Node]:
+        with self._tx() as s:
+            rows = s.scalars(select(NodeRow).where(NodeRow.job_id == job_id).order_by(NodeRow.id)
+                             .options(selectinload(NodeRow.devices)))
+            return [Node(r.job_id, r.name, r.state, r.pinned, {d.gpu: d.state for d in r.devices}) for r in rows]
+
+    # ------------------------------------------------------------ rank maps
+    def record_rank_map(
+        self, job_id: int, epoch: int, layout: str, entries: Iterable[RankEntry | Mapping[str, Any]]
+    ) -> None:
+        """Start epoch `epoch` with this placement: closes the previous map, updates the job's
+        layout, node states and device occupancy, all in one transaction."""
+        items = [_entry(e) for e in entries]
+        if len({(e.node, e.gpu) for e in items}) != len(items):
+            raise ValueError("rank map places two ranks on one device")
+        if len({e.virtual_rank for e in items}) != len(items):
+            raise ValueError("rank map repeats a virtual rank")
+        now = self.now()
+        with self._tx() as s:
+            job = self._job_row(s, job_id)
+            for prev in s.scalars(select(RankMapRow).where(RankMapRow.job_id == job_id,
+                                                           RankMapRow.ended_at.is_(None))):
+                if prev.epoch >= epoch:
+                    raise ValueError(f"epoch {epoch} is not after the current epoch {prev.epoch}")
+                prev.ended_at = now
+            rm = RankMapRow(job_id=job_id, epoch=epoch, layout=layout, started_at=now, ended_at=None)
+            rm.entries = [RankEntryRow(virtual_rank=e.virtual_rank, node=e.node, gpu=e.gpu, pp=e.pp,
+                                       dp=e.dp, tp=e.tp) for e in sorted(items, key=lambda e: e.virtual_rank)]
+            s.add(rm)
+            job.layout, job.updated_at = layout, now
+            self._sync_devices(s, job, items)
+
+    def _sync_devices(self, s: Session, job: JobRow, items: list[RankEntry]) -> None:
+        used = {(e.node, e.gpu) for e in items}
+        nodes = {n.name: n for n in s.scalars(select(NodeRow).where(NodeRow.job_id == job.id)
+                                               .options(selectinload(NodeRow.devices)))}
+        for name in sorted({e.node for e in items} - set(nodes)):
+            nodes[name] = self._new_node(job, name, "active", name == job.pinned_node)
+            s.add(nodes[name])
+        for name, node in nodes.items():
+            have = {d.gpu: d for d in node.devices}
+            for gpu in {g for n, g in used if n == name} - set(have):
+                node.devices.append(DeviceRow(gpu=gpu, state="idle"))
+            for d in node.devices:
+                if d.state != "failed":
+                    d.state = "used" if (name, d.gpu) in used else "idle"
+            busy = any(n == name for n, _ in used)
+            if busy:
+                node.state = "active"
+            elif node.state == "active" and not node.pinned:
+                node.state = "idle"
+
+    def current_rank_map(self, job_id: int) -> RankMap | None:
+        with self._tx() as s:
+            row = s.scalars(select(RankMapRow).where(RankMapRow.job_id == job_id)
+                            .order_by(RankMapRow.epoch.desc()).options(selectinload(RankMapRow.entries))).first()
+            return _rank_map(row) if row else None
+
+    def rank_maps(self, job_id: int) -> list[RankMap]:
+        """Every epoch of a job, oldest first (entries included)."""
+        with self._tx() as s:
+            rows = s.scalars(select(RankMapRow).where(RankMapRow.job_id == job_id)
+                             .order_by(RankMapRow.epoch).options(selectinload(RankMapRow.entries)))
+            return [_rank_map(r) for r in rows]
+
+    def devices_held(self, job_id: int) -> int:
+        """Devices in the job's current rank map (0 when it has none)."""
+        with self._tx() as s:
+            return self._devices_held(s, job_id)
+
+    @staticmethod
+    def _devices_held(s: Session, job_id: int) -> int:
+        rm_id = s.scalar(select(RankMapRow.id).where(RankMapRow.job_id == job_id)
+                         .order_by(RankMapRow.epoch.desc()).limit(1))
+        if rm_id is None:
+            return 0
+        return int(s.scalar(select(func.count()).where(RankEntryRow.rank_map_id == rm_id)) or 0)
+
+    def placement(self, job_id: int) -> dict[str, Any]:
+        """Everything the placement view draws: grid rows, fragmentation, epoch, other jobs."""
+        job = self.get_job(job_id)
+        if job is None:
+            raise NotFoundError(f"no job with id {job_id}")
+        current = self.current_rank_map(job_id)
+        nodes = self.list_nodes(job_id)
+        entries = current.entries if current else ()
+        names = {n.name for n in nodes} | {e.node for e in entries}
+        others: dict[tuple[str, int], str] = {}
+        for other in self.list_jobs():
+            if other.id == job_id or other.state not in ("running", "suspended"):
+                continue
+            om = self.current_rank_map(other.id)
+            for e in om.entries if om else ():
+                if e.node in names:
+                    others[(e.node, e.gpu)] = other.name
+        infos = [(n.name, n.state, n.pinned) for n in nodes]
+        failed = [(n.name, g) for n in nodes for g, st in n.devices.items() if st == "failed"]
+        return {
+            "job": job,
+            "epoch": current.epoch if current else None,
+            "layout": current.layout if current else job.layout,
+            "started_at": current.started_at if current else None,
+            "grid": placement_mod.grid(entries, infos, job.gpus_per_node, others, failed),
+            "fragmentation": placement_mod.fragmentation(entries, infos, job.gpus_per_node),
+            "pp_stages": len({e.pp for e in entries}),
+            "tp_groups": len({(e.pp, e.dp) for e in entries}),
+        }
+
+    def fragmentation(self, job_id: int) -> dict[str, Any]:
+        """Current fragmentation summary: pass it to start_migration / finish_migration."""
+        return self.placement(job_id)["fragmentation"]
+
+    # ----------------------------------------------------------- migrations
+    def start_migration(
+        self,
+        job_id: int,
+        from_layout: str,
+        to_layout: str,
+        trigger: str,
+        plan_summary: dict[str, Any],
+        fragmentation_before: dict[str, Any],
+        *,
+        status: str = "running",
+    ) -> int:
+        """Record that a migration began (status running, or planned); returns its id."""
+        check("trigger", trigger, MIGRATION_TRIGGERS)
+        check("migration status", status, ("planned", "running"))
+        with self._tx() as s:
+            self._job_row(s, job_id)
+            row = MigrationRow(job_id=job_id, from_layout=from_layout, to_layout=to_layout, trigger=trigger,
+                               status=status, started_at=self.now(), plan_summary=dict(plan_summary),
+                               fragmentation_before=dict(fragmentation_before))
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def finish_migration(
+        self,
+        mid: int,
+        status: str,
+        bytes_moved: int | None,
+        bytes_checkpoint: int | None,
+        bit_exact: bool | None,
+        phases: Mapping[str, float],
+        error: str | None = None,
+        fragmentation_after: dict[str, Any] | None = None,
+    ) -> None:
+        """Close a migration with its outcome and per-phase seconds (names from db.vocab.PHASES)."""
+        check("migration status", status, ("succeeded", "failed"))
+        for name, seconds in phases.items():
+            check("phase", name, PHASES)
+            if seconds < 0:
+                raise ValueError(f"phase {name} has negative seconds {seconds}")
+        with self._tx() as s:
+            row = s.get(MigrationRow, mid)
+            if row is None:
+                raise NotFoundError(f"no migration with id {mid}")
+            row.status, row.finished_at = status, self.now()
+            row.bytes_moved, row.bytes_checkpoint, row.bit_exact = bytes_moved, bytes_checkpoint, bit_exact
+            row.error = error
+            row.fragmentation_after = dict(fragmentation_after) if fragmentation_after is not None else None
+            row.phases = [MigrationPhaseRow(phase=k, seconds=float(v)) for k, v in phases.items()]
+
+    def get_migration(self, mid: int) -> Migration | None:
+        with self._tx() as s:
+            row = s.get(MigrationRow, mid, options=[selectinload(MigrationRow.phases)])
+            if row is None:
+                return None
+            return _migration(row, s.get(JobRow, row.job_id).name)  # type: ignore[union-attr]
+
+    def _history_query(
+        self, job: int | str | None, since: datetime | None, until: datetime | None,
+        trigger: str | None, status: str | None,
+    ) -> Select[Any]:
+        q = select(MigrationRow, JobRow.name).join(JobRow, JobRow.id == MigrationRow.job_id)
+        if job is not None:
+            if isinstance(job, bool) or not isinstance(job, (int, str)):
+                raise ValueError("job filter must be an id or a name")
+            q = q.where(MigrationRow.job_id == job if isinstance(job, int) else JobRow.name == job)
+        if since is not None:
+            q = q.where(MigrationRow.started_at >= to_db(since))
+        if until is not None:
+            q = q.where(MigrationRow.started_at <= to_db(until))
+        if trigger is not None:
+            q = q.where(MigrationRow.trigger == check("trigger", trigger, MIGRATION_TRIGGERS))
+        if status is not None:
+            q = q.where(MigrationRow.status == check("status", status, MIGRATION_STATUSES))
+        return q
+
+    def history(
+        self,
+        job: int | str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        trigger: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """Migrations matching the filters, newest first, as flat dicts (HISTORY_COLUMNS)."""
+        if limit < 0 or offset < 0:
+            raise ValueError("limit and offset must not be negative")
+        q = self._history_query(job, since, until, trigger, status)
+        q = q.order_by(MigrationRow.started_at.desc(), MigrationRow.id.desc()).limit(limit).offset(offset)
+        with self._tx() as s:
+            rows = s.execute(q.options(selectinload(MigrationRow.phases))).all()
+            return [_history_row(_migration(m, name)) for m, name in rows]
+
+    def history_count(
+        self,
+        job: int | str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        trigger: str | None = None,
+        status: str | None = None,
+    ) -> int:
+        """How many migrations history() would return without limit/offset (for paging)."""
+        q = self._history_query(job, since, until, trigger, status)
+        with self._tx() as s:
+            return int(s.scalar(select(func.count()).select_from(q.subquery())) or 0)
+
+    # ------------------------------------------------------------------ SLA
+    def gpu_fraction_sla(self, job_id: int, now: datetime | None = None) -> float | None:
+        """Ideal time / real time (see db.sla); None before the first rank map."""
+        with self._tx() as s:
+            job = self._job_row(s, job_id)
+            end = to_db(now) if now else self.now()
+            if job.state in ("finished", "failed"):
+                end = min(end, job.updated_at)
+            counts = dict(s.execute(
+                select(RankMapRow.id, func.count(RankEntryRow.id))
+                .join(RankEntryRow, RankEntryRow.rank_map_id == RankMapRow.id, isouter=True)
+                .where(RankMapRow.job_id == job_id).group_by(RankMapRow.id)).all())
+            epochs = [(r.started_at, r.ended_at, int(counts.get(r.id, 0)))
+                      for r in s.scalars(select(RankMapRow).where(RankMapRow.job_id == job_id))]
+            migs = [(m.started_at, m.finished_at)
+                    for m in s.scalars(select(MigrationRow).where(MigrationRow.job_id == job_id))]
+            return gpu_fraction(epochs, migs, job.max_devices, end)
+
+    def jobs_overview(self) -> list[dict[str, Any]]:
+        """One dict per job for the overview: job, devices held, SLA and its tier target."""
+        out = []
+        for job in self.list_jobs():
+            sla = self.gpu_fraction_sla(job.id)
+            target = SLA_TIERS.get(job.sla_tier, SLA_TIERS["standard"])
+            out.append({"job": job, "devices_held": self.devices_held(job.id), "sla": sla,
+                        "sla_target": target, "sla_ok": None if sla is None else sla >= target})
+        return out

@@ -1,0 +1,20 @@
+"""Database URL conventions, kept free of SQLAlchemy so the CLI can import them cheaply."""
+from __future__ import annotations
+
+import os
+
+#: Used when neither --db nor ELASTIC_DB_URL is given; /var/ is git-ignored.
+DEFAULT_URL = "sqlite:///var/elastic.db"
+
+
+def default_url() -> str:
+    """The URL to use when the user gave none: $ELASTIC_DB_URL, else DEFAULT_URL."""
+    return os.environ.get("ELASTIC_DB_URL") or DEFAULT_URL
+
+
+def normalize_url(url: str) -> str:
+    """Accept a bare file path as shorthand for a SQLite URL (operators type paths)."""
+    url = url.strip()
+    if "://" not in url:
+        return "sqlite:///" + url
+    return url
