@@ -19,8 +19,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class UsageError(Exception):
-    """Bad input from the user: printed as one line on stderr, exit code 2."""
+from launcher.errors import UsageError
+
+__all__ = ["UsageError", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:

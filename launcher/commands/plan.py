@@ -1,0 +1,100 @@
+"""`elastic plan`: what does it cost to go from this layout to that one?"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from launcher.errors import UsageError
+
+
+def add_model_arguments(p: argparse.ArgumentParser, layers: int | None = None, hidden: int | None = None) -> None:
+    """Model flags shared by every command that needs a model spec."""
+    p.add_argument("--layers", type=int, required=layers is None, default=layers, help="transformer layers")
+    p.add_argument("--hidden", type=int, required=hidden is None, default=hidden, help="hidden size")
+    p.add_argument("--heads", type=int, default=0, help="attention heads (default hidden/64)")
+    p.add_argument("--ffn", type=int, default=0, help="MLP inner size (default 4*hidden)")
+    p.add_argument("--vocab", type=int, default=8192, help="vocabulary size (default 8192)")
+    p.add_argument("--seq-len", type=int, default=128, help="sequence length (position embeddings)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="parameter dtype")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "none"],
+                   help="adam: moments (+ fp32 master weights when dtype is not fp32); none: params only")
+
+
+def model_from_args(args: argparse.Namespace):
+    from migrate import LayoutError, ModelSpec
+
+    try:
+        return ModelSpec(layers=args.layers, hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab,
+                         seq_len=args.seq_len, dtype=args.dtype, optimizer=args.optimizer)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    p.add_argument("--from", dest="prev", required=True, metavar="LAYOUT", help="old layout, e.g. pp4tp2dp1")
+    p.add_argument("--to", dest="curr", required=True, metavar="LAYOUT", help="new layout, e.g. pp6tp4dp1")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8); node 0 is pinned")
+    p.add_argument("--failed", default="", metavar="IDS", help="comma-separated failed device ids, e.g. 3,5")
+    p.add_argument("--json", action="store_true", help="print one JSON object (with every instruction)")
+
+
+def _parse_failed(text: str) -> frozenset[int]:
+    try:
+        return frozenset(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--failed takes comma-separated device ids like 3,5, got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from migrate import LayoutError, ParallelConfig, Topology, plan
+
+    model = model_from_args(args)
+    try:
+        prev, curr = ParallelConfig.parse(args.prev), ParallelConfig.parse(args.curr)
+        if args.gpus_per_node < 1:
+            raise LayoutError(f"--gpus-per-node must be at least 1, got {args.gpus_per_node}")
+        failed = _parse_failed(args.failed)
+        # enough nodes for both layouts, with spares standing in for failed devices
+        nodes = math.ceil((max(prev.world_size, curr.world_size) + len(failed)) / args.gpus_per_node)
+        result = plan(model, prev, curr, Topology.grid(nodes, args.gpus_per_node), failed)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
+    print(result.to_json() if args.json else render(result))
+    return 0
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def render(p) -> str:
+    """The plan as a person reads it: pairs and placement, per-device traffic, totals."""
+    s = p.summary()
+    send, recv = p._per_device("send", "src"), p._per_device("recv", "dst")
+    lines = [f"Migration {s['from']} -> {s['to']}  ({len(p.curr.devices)} ranks, planned in {s['plan_ms']:.2f} ms)", "",
+             " rank  pp dp tp  node:gpu      reuses      receives      sends"]
+    for row, (rank, old) in zip(s["placement"], s["pairs"]):
+        dev = row["device"]
+        lines.append(f" {rank:4d}  {row['pp']:2d} {row['dp']:2d} {row['tp']:2d}  {row['node'] + ':' + str(row['gpu']):12s}"
+                     f" {('dev ' + str(old)) if old is not None else 'new device':>10s}  {_size(recv.get(dev, 0)):>10s}"
+                     f"  {_size(send.get(dev, 0)):>10s}")
+    departing = sorted(set(send) - set(p.curr.devices))
+    for dev in departing:
+        lines.append(f"  (departing dev {dev} on {p.topology.devices[dev].node} sends {_size(send[dev])})")
+    pct = 100 * s["bytes_moved"] / s["bytes_checkpoint"] if s["bytes_checkpoint"] else 0
+    lines += ["",
+              f"bytes moved       {_size(s['bytes_moved'])}  ({pct:.1f}% of a checkpoint round trip, "
+              f"{_size(s['bytes_checkpoint'])})",
+              f"one full replica  {_size(s['bytes_state_total'])}",
+              f"busiest device    sends {_size(s['max_device_send_bytes'])}, receives {_size(s['max_device_recv_bytes'])}",
+              f"instructions      {s['instruction_counts']['send']} send / {s['instruction_counts']['recv']} recv / "
+              f"{s['instruction_counts']['refer']} refer",
+              f"nodes released    {', '.join(s['nodes_released']) or 'none'}"]
+    lines += [f"note: {n}" for n in s["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""`plan()`: from an old layout on some devices to a new one, the least data movement there is.
+
+Pure: no processes, no torch. The result is a frozen `MigrationPlan` that prints, serialises
+to JSON and is what every worker executes and what the database records.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from migrate.allocator import Allocator
+from migrate.instructions import Instruction, InstructionBuilder
+from migrate.layout import LayoutError, ModelSpec, ParallelConfig
+from migrate.topology import RankMap, Topology
+from migrate.workload import ByteModel, Workload, class_workloads, slice_units
+
+EMPTY = Workload(0, 0, 0, 0, 1, False, False)
+
+
+@dataclass(frozen=True)
+class MigrationPlan:
+    model: ModelSpec
+    prev: RankMap
+    curr: RankMap
+    topology: Topology
+    failed: tuple[int, ...]
+    units: int
+    instructions: tuple[Instruction, ...]
+    bytes_state_total: int
+    nodes_released: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    plan_ms: float = field(default=0.0, compare=False)
+
+    # -- derived figures ------------------------------------------------------------------------
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes that cross between devices."""
+        return sum(i.nbytes for i in self.instructions if i.op == "recv")
+
+    @property
+    def bytes_checkpoint(self) -> int:
+        """A save + load through storage: one replica written, every new rank's share read back."""
+        return self.bytes_state_total * (1 + self.curr.layout.dp)
+
+    def _per_device(self, op: str, attr: str) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for i in self.instructions:
+            if i.op == op:
+                out[getattr(i, attr)] = out.get(getattr(i, attr), 0) + i.nbytes
+        return out
+
+    @property
+    def max_device_send_bytes(self) -> int:
+        return max(self._per_device("send", "src").values(), default=0)
+
+    @property
+    def max_device_recv_bytes(self) -> int:
+        return max(self._per_device("recv", "dst").values(), default=0)
+
+    @property
+    def pairs(self) -> list[tuple[int, int | None]]:
+        """[new rank, old device it reuses or None for a device that held no state]."""
+        old = set(self.prev.devices) - set(self.failed)
+        return [(r, d if d in old else None) for r, d in enumerate(self.curr.devices)]
+
+    def instructions_for(self, device: int) -> list[Instruction]:
+        """What one device does: its sends, its receives and its refers."""
+        return [i for i in self.instructions
+                if (i.op == "send" and i.src == device) or (i.op != "send" and i.dst == device)]
+
+    # -- serialisation --------------------------------------------------------------------------
+    def placement(self) -> list[dict]:
+        out = []
+        for r, d in enumerate(self.curr.devices):
+            pp, dp, tp = self.curr.layout.coords(r)
+            dev = self.topology.devices[d]
+            out.append({"rank": r, "device": d, "node": dev.node, "gpu": dev.gpu, "pp": pp, "dp": dp, "tp": tp})
+        return out
+
+    def summary(self) -> dict:
+        return {
+            "from": str(self.prev.layout), "to": str(self.curr.layout),
+            "pairs": [list(p) for p in self.pairs],
+            "placement": self.placement(),
+            "bytes_moved": self.bytes_moved,
+            "bytes_state_total": self.bytes_state_total,
+            "bytes_checkpoint": self.bytes_checkpoint,
+            "max_device_send_bytes": self.max_device_send_bytes,
+            "max_device_recv_bytes": self.max_device_recv_bytes,
+            "nodes_released": list(self.nodes_released),
+            "instruction_counts": {op: sum(1 for i in self.instructions if i.op == op) for op in ("send", "recv", "refer")},
+            "notes": list(self.notes),
+            "plan_ms": round(self.plan_ms, 3),
+        }
+
+    def to_dict(self) -> dict:
+        d = self.summary()
+        d.update({
+            "model": {k: getattr(self.model, k) for k in
+                      ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "dtype", "optimizer")},
+            "prev_devices": list(self.prev.devices), "curr_devices": list(self.curr.devices),
+            "topology": {"devices": [[x.node, x.gpu] for x in self.topology.devices],
+                         "pinned": sorted(self.topology.pinned)},
+            "failed": list(self.failed), "units": self.units,
+            "instructions": [i.to_dict() for i in self.instructions],
+        })
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MigrationPlan":
+        from migrate.topology import Device
+
+        topo = Topology(tuple(Device(i, n, g) for i, (n, g) in enumerate(d["topology"]["devices"])),
+                        frozenset(d["topology"]["pinned"]))
+        return cls(
+            model=ModelSpec(**d["model"]),
+            prev=RankMap(ParallelConfig.parse(d["from"]), tuple(d["prev_devices"])),
+            curr=RankMap(ParallelConfig.parse(d["to"]), tuple(d["curr_devices"])),
+            topology=topo, failed=tuple(d["failed"]), units=d["units"],
+            instructions=tuple(Instruction.from_dict(i) for i in d["instructions"]),
+            bytes_state_total=d["bytes_state_total"], nodes_released=tuple(d["nodes_released"]),
+            notes=tuple(d["notes"]), plan_ms=d["plan_ms"],
+        )
+
+
+def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig, topology: Topology,
+         failed: frozenset[int] | set[int] = frozenset(), tp_in_node: bool = True) -> MigrationPlan:
+    """Plan the move of `model`'s state from `prev` (a layout on devices) to `curr` on `topology`."""
+    t0 = time.perf_counter()
+    prev_map = prev if isinstance(prev, RankMap) else RankMap.identity(prev)
+    prev_cfg = prev_map.layout
+    model.check_config(prev_cfg)
+    model.check_config(curr)
+    _check_devices(prev_map, topology, failed)
+
+    units = slice_units(prev_cfg.tp, curr.tp)
+    bm = ByteModel.of_model(model, units)
+    prev_ws = class_workloads(prev_cfg, model.layers, units)
+    curr_ws = class_workloads(curr, model.layers, units)
+    cost = bm.cost(curr_ws, prev_ws + [EMPTY])  # last column: a device that holds nothing
+
+    rank_on = prev_map.rank_of()
+    empty_kind = len(prev_ws)
+    device_kind: dict[int, int] = {}
+    holders: dict[int, list[int]] = {}
+    failed_holders: dict[int, list[int]] = {}
+    for dev in range(len(topology.devices)):
+        kind = empty_kind
+        if dev in rank_on:
+            pp, _dp, tp = prev_cfg.coords(rank_on[dev])
+            kind = pp * prev_cfg.tp + tp
+            (failed_holders if dev in failed else holders).setdefault(kind, []).append(dev)
+        if dev not in failed:
+            device_kind[dev] = kind
+
+    placement = Allocator(curr, cost, device_kind, topology, tp_in_node).place()
+    builder = InstructionBuilder(prev_cfg, model.layers, units, bm, model.state_kinds, holders, failed_holders)
+    for rank, dev in enumerate(placement.devices):
+        pp, _dp, tp = curr.coords(rank)
+        kind = device_kind[dev]
+        builder.add_rank(dev, curr_ws[pp * curr.tp + tp], None if kind == empty_kind else prev_ws[kind])
+    instructions = builder.build()
+
+    used_before = {topology.devices[d].node for d in prev_map.devices if d not in failed}
+    used_after = {topology.devices[d].node for d in placement.devices}
+    released = tuple(n for n in topology.nodes if n in used_before - used_after and n not in topology.pinned)
+    return MigrationPlan(model, prev_map, RankMap(curr, placement.devices), topology, tuple(sorted(failed)), units,
+                         tuple(instructions), model.state_bytes, released, placement.notes,
+                         (time.perf_counter() - t0) * 1000)
+
+
+def _check_devices(prev: RankMap, topology: Topology, failed: frozenset[int] | set[int]) -> None:
+    n = len(topology.devices)
+    bad = [d for d in prev.devices if not 0 <= d < n]
+    if bad:
+        raise LayoutError(f"the old layout runs on devices {bad} that are not in the topology of {n} devices")
+    if len(failed) > len(prev.devices):
+        raise LayoutError(f"{len(failed)} failed devices but the old layout has only {len(prev.devices)}")
+    unknown = sorted(d for d in failed if d not in set(prev.devices))
+    if unknown:
+        raise LayoutError(f"failed device(s) {unknown} do not run the old layout (devices 0-{n - 1}, "
+                          f"old layout on {sorted(prev.devices)[:8]}...)")
