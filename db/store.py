@@ -357,6 +357,15 @@ class Store(AdminMixin, StoreBase):
                 return None
             return _migration(row, s.get(JobRow, row.job_id).name)  # type: ignore[union-attr]
 
+    def recent_migrations(self, job_id: int, limit: int = 5) -> list[Migration]:
+        """A job's latest migrations (with fragmentation before/after), newest first."""
+        with self._tx() as s:
+            job = self._job_row(s, job_id)
+            rows = s.scalars(select(MigrationRow).where(MigrationRow.job_id == job_id)
+                             .order_by(MigrationRow.id.desc()).limit(limit)
+                             .options(selectinload(MigrationRow.phases)))
+            return [_migration(r, job.name) for r in rows]
+
     def _history_query(
         self, job: int | str | None, since: datetime | None, until: datetime | None,
         trigger: str | None, status: str | None,

@@ -1,0 +1,96 @@
+"""Read-only pages. Each view is a few lines: fetch from the Store, render full page or,
+for htmx requests, just the partial that gets swapped."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from flask import Blueprint, Flask, Response, abort, render_template, request
+
+from dashboard import charts
+from dashboard.deps import is_htmx, store
+from db.filters import MAX_LIMIT, parse_history_filters, parse_int
+from db.store import HISTORY_COLUMNS
+from db.vocab import MIGRATION_STATUSES, MIGRATION_TRIGGERS, SLA_TIERS
+
+bp = Blueprint("views", __name__)
+PAGE_SIZE = 25
+PP_COLOURS = ["#bfdbfe", "#bbf7d0", "#fde68a", "#fecaca", "#ddd6fe", "#a5f3fc", "#fed7aa", "#fbcfe8"]
+TP_COLOURS = ["#1d4ed8", "#b91c1c", "#047857", "#7c3aed", "#c2410c", "#0e7490", "#be185d", "#4d7c0f"]
+
+
+@bp.get("/")
+def jobs() -> str:
+    rows = store().jobs_overview()
+    return render_template("_jobs_table.html" if is_htmx() else "jobs.html", rows=rows, tiers=SLA_TIERS)
+
+
+def _job_panels(job_id: int) -> dict[str, Any]:
+    try:
+        placement = store().placement(job_id)
+    except LookupError:
+        abort(404, description=f"no job {job_id}")
+    return {"p": placement, "job": placement["job"], "migrations": store().recent_migrations(job_id, 5),
+            "requests": store().list_requests(job_id, 8), "pp_colours": PP_COLOURS, "tp_colours": TP_COLOURS}
+
+
+@bp.get("/jobs/<int:job_id>")
+def job(job_id: int) -> str:
+    ctx = _job_panels(job_id)
+    return render_template("_job_panels.html" if is_htmx() else "job.html", **ctx)
+
+
+@bp.get("/migrations/<int:mid>")
+def migration(mid: int) -> str:
+    m = store().get_migration(mid) or abort(404, description=f"no migration {mid}")
+    return render_template("migration.html", m=m, phases=charts.phase_chart(m.phases),
+                           bytes=charts.bytes_chart(m.bytes_moved, m.bytes_checkpoint), human_bytes=charts.human_bytes)
+
+
+@bp.get("/history")
+def history() -> Any:
+    try:
+        filters = parse_history_filters(request.args)
+        page = parse_int("page", request.args.get("page", "1"), 1, 10**6)
+        limit = parse_int("limit", request.args.get("limit", str(MAX_LIMIT)), 1, MAX_LIMIT)
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    fmt = request.args.get("format", "html")
+    if fmt not in ("html", "csv", "json"):
+        abort(400, description=f"bad format {fmt!r}: expected html, csv or json")
+    if fmt != "html":  # exports: the whole filtered query (up to `limit` rows), like `elastic history`
+        rows = store().history(**filters.as_kwargs(), limit=limit)
+    else:
+        rows = store().history(**filters.as_kwargs(), limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
+    if fmt == "json":
+        return Response(json.dumps(rows, indent=2), mimetype="application/json")
+    if fmt == "csv":
+        return Response(_csv(rows), mimetype="text/csv",
+                        headers={"Content-Disposition": "attachment; filename=history.csv"})
+    total = store().history_count(**filters.as_kwargs())
+    ctx = {"rows": rows, "page": page, "pages": max(1, -(-total // PAGE_SIZE)), "total": total,
+           "args": {k: v for k, v in request.args.items() if k not in ("page", "format", "limit") and v},
+           "triggers": MIGRATION_TRIGGERS, "statuses": MIGRATION_STATUSES}
+    return render_template("_history_table.html" if is_htmx() else "history.html", **ctx)
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(HISTORY_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _error(exc: Any) -> tuple[str, int]:
+    template = "_error.html" if is_htmx() else "error.html"
+    return render_template(template, code=exc.code, name=exc.name, description=exc.description), exc.code
+
+
+def init_app(app: Flask) -> None:
+    app.register_blueprint(bp)
+    for code in (400, 403, 404, 409):
+        app.register_error_handler(code, _error)
+    app.jinja_env.globals.update(human_bytes=charts.human_bytes)

@@ -1,0 +1,102 @@
+"""`elastic history`: query recorded migrations as a table, JSON or CSV.
+
+Filters are parsed by db.filters (shared with the dashboard's /history page) and the rows
+come from the same Store.history call, so both show exactly the same thing.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from db.urls import default_url
+
+if TYPE_CHECKING:
+    from db.store import Store
+
+
+def add_db_argument(parser: argparse.ArgumentParser) -> None:
+    """--db for every command that reads the elastic database."""
+    parser.add_argument("--db", metavar="URL", default=None,
+                        help="SQLAlchemy URL or SQLite file path (default: $ELASTIC_DB_URL or "
+                             "sqlite:///var/elastic.db)")
+
+
+def open_store(url: str | None, *, create: bool = False) -> "Store":
+    """Open the store, turning a DatabaseError into a UsageError (exit 2, nothing created)."""
+    from db import DatabaseError, Store
+    from launcher.cli import UsageError
+
+    try:
+        return Store(url or default_url(), create=create)
+    except DatabaseError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_db_argument(parser)
+    parser.add_argument("--job", help="job id or name")
+    parser.add_argument("--since", help="only migrations started at/after this ISO date or time")
+    parser.add_argument("--until", help="only migrations started at/before this ISO date or time")
+    parser.add_argument("--status", help="planned, running, succeeded or failed")
+    parser.add_argument("--trigger", help="resize, preempt, signal, failure, dashboard or demo")
+    parser.add_argument("--limit", default="50", help="rows to show (1..1000, default 50)")
+    parser.add_argument("--offset", default="0", help="rows to skip (default 0)")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print a JSON array")
+    fmt.add_argument("--csv", action="store_true", help="print CSV with a header row")
+
+
+def _fmt_bytes(n: Any) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(n)
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    header = ["ID", "JOB", "TRIGGER", "STATUS", "FROM -> TO", "STARTED (UTC)", "SECONDS", "MOVED",
+              "CHECKPOINT", "VERIFIED"]
+    body = [[str(r["id"]), r["job_name"], r["trigger"], r["status"], f"{r['from_layout']} -> {r['to_layout']}",
+             r["started_at"][:19].replace("T", " "), "-" if r["duration_s"] is None else f"{r['duration_s']:.2f}",
+             _fmt_bytes(r["bytes_moved"]), _fmt_bytes(r["bytes_checkpoint"]),
+             {True: "bit-exact", False: "MISMATCH", None: "-"}[r["bit_exact"]]] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(header, *body)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *body])
+
+
+def run(args: argparse.Namespace) -> int:
+    import csv
+    import json
+
+    from db.filters import MAX_LIMIT, parse_history_filters, parse_int
+    from db.store import HISTORY_COLUMNS
+    from launcher.cli import UsageError
+
+    try:
+        filters = parse_history_filters(vars(args))
+        limit = parse_int("--limit", args.limit, 1, MAX_LIMIT)
+        offset = parse_int("--offset", args.offset, 0, 10**9)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    store = open_store(args.db)
+    try:
+        rows = store.history(**filters.as_kwargs(), limit=limit, offset=offset)
+    finally:
+        store.close()
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+    elif args.csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(HISTORY_COLUMNS), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    elif rows:
+        print(_table(rows))
+    else:
+        print("no migrations match", file=sys.stderr)
+    return 0

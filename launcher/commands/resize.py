@@ -1,0 +1,82 @@
+"""`elastic resize JOB --nodes N`: queue a grow/shrink request for the launcher.
+
+The command never touches Slurm or the job itself; it writes an admin request (and an
+audit row) that the running launcher picks up with Store.pending_requests.
+"""
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from launcher.commands.history import add_db_argument, open_store
+
+if TYPE_CHECKING:
+    from db.records import Job
+    from db.store import Store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOB", help="job id or name")
+    parser.add_argument("--nodes", required=True, type=int, metavar="N", help="target number of nodes")
+    add_db_argument(parser)
+    parser.add_argument("--user", help="who asks (recorded in the request and audit log; default $USER)")
+
+
+def requester(user: str | None) -> str:
+    """Who to record as asking: --user, else the login name."""
+    if user:
+        return user
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return os.environ.get("USER", "cli")
+
+
+def lookup_job(store: "Store", ref: str) -> "Job":
+    """The job named by id or name, or UsageError (exit 2) so nothing gets written."""
+    from launcher.cli import UsageError
+
+    job = store.find_job(ref)
+    if job is None:
+        raise UsageError(f"no job {ref!r} in {store.display_url}; see `elastic history` or the dashboard")
+    if job.state in ("finished", "failed"):
+        raise UsageError(f"job {job.name} (id {job.id}) is {job.state}; nothing to change")
+    return job
+
+
+def nodes_held(store: "Store", job_id: int) -> list[str]:
+    """Nodes the job's current rank map uses, in first-use order."""
+    current = store.current_rank_map(job_id)
+    return list(dict.fromkeys(e.node for e in current.entries)) if current else []
+
+
+def queue(store: "Store", job: "Job", action: str, params: dict[str, object], who: str) -> int:
+    """Write the request and its audit row; print the id on stdout, a summary on stderr."""
+    rid = store.add_request(job.id, action, params, who)
+    store.audit(who, action, f"job:{job.id}", f"request {rid} queued via CLI: {params}")
+    print(rid)
+    print(f"request {rid} queued: {action} job {job.name} (id {job.id}) {params}", file=sys.stderr)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from launcher.cli import UsageError
+
+    if args.nodes < 1:
+        raise UsageError("--nodes must be at least 1")
+    store = open_store(args.db)
+    try:
+        job = lookup_job(store, args.job)
+        held = len(nodes_held(store, job.id))
+        if args.nodes == held:
+            raise UsageError(f"job {job.name} already runs on {held} nodes")
+        most = -(-job.max_devices // job.gpus_per_node)
+        if args.nodes > most:
+            raise UsageError(f"job {job.name} can use at most {most} nodes ({job.max_devices} devices)")
+        action = "grow" if args.nodes > held else "shrink"
+        return queue(store, job, action, {"nodes": args.nodes}, requester(args.user))
+    finally:
+        store.close()
