@@ -74,7 +74,7 @@ class Allocator:
         tp = self.curr.tp
         if not self.tp_in_node or tp == 1:
             return 1
-        gpn = max(len(self.topo.node_devices(n)) for n in self.topo.nodes)
+        gpn = self.topo.gpus_per_node
         if gpn % tp and tp % gpn:
             self.notes.append(f"tp={tp} does not divide or fill a {gpn}-GPU node: TP groups may span nodes")
             return 1
@@ -84,7 +84,7 @@ class Allocator:
         """Aligned blocks of `size` usable devices: inside one node, or whole consecutive nodes."""
         usable = set(devices)
         slots: list[tuple[int, ...]] = []
-        gpn = max(len(self.topo.node_devices(n)) for n in self.topo.nodes)
+        gpn = self.topo.gpus_per_node
         if gpn % size == 0:
             for node in self.topo.nodes:
                 devs = self.topo.node_devices(node)

@@ -7,6 +7,7 @@ from the same source stage and TP rank are kept as one segment: that is the coal
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import asdict, dataclass
 
 from migrate.layout import LayoutError, ParallelConfig
@@ -15,7 +16,7 @@ from migrate.workload import ByteModel, Workload
 Interval = tuple[int, int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Segment:
     block: str  # "layers" | "embed" | "head"
     part: str  # "sharded" | "replicated"
@@ -93,7 +94,8 @@ class InstructionBuilder:
         self.tp_units = units // prev.tp
         self.refers: list[Instruction] = []
         self.failed_holders = failed_holders or {}
-        self.missing: list[tuple[int, Segment, list[int]]] = []  # (dst, segment, candidate sources)
+        self.missing: list[tuple[int, Segment, tuple]] = []  # (dst, segment, key of its candidate sources)
+        self.sources: dict[tuple, list[int]] = {}
         self.lost: dict[int, set[str]] = {}  # old class -> what of it is needed
 
     def add_rank(self, dst: int, want: Workload, have: Workload | None) -> None:
@@ -138,17 +140,21 @@ class InstructionBuilder:
         for p, lay in self._stages(layers, stage):
             for t, sl in _cut(slices, self.tp_units):
                 seg = Segment(block, "sharded", *lay, *sl, self.units)
-                cands = self.holders.get(p * self.prev.tp + t, [])
-                if not cands:
-                    self.lost.setdefault(p * self.prev.tp + t, set()).add(seg.describe())
-                self.missing.append((dst, seg, cands))
+                key = ("class", p * self.prev.tp + t)
+                if key not in self.sources:
+                    self.sources[key] = self.holders.get(key[1], [])
+                if not self.sources[key]:
+                    self.lost.setdefault(key[1], set()).add(seg.describe())
+                self.missing.append((dst, seg, key))
 
     def _need_replicated(self, block: str, dst: int, layers: Interval | None, stage: int | None = None) -> None:
         for p, lay in self._stages(layers, stage):
-            cands = sorted(d for t in range(self.prev.tp) for d in self.holders.get(p * self.prev.tp + t, []))
-            if not cands:
+            key = ("stage", p)
+            if key not in self.sources:
+                self.sources[key] = [d for t in range(self.prev.tp) for d in self.holders.get(p * self.prev.tp + t, [])]
+            if not self.sources[key]:
                 self.lost.setdefault(p * self.prev.tp, set()).add(Segment(block, "replicated", *lay).describe())
-            self.missing.append((dst, Segment(block, "replicated", *lay), cands))
+            self.missing.append((dst, Segment(block, "replicated", *lay), key))
 
     def build(self) -> list[Instruction]:
         """Assign sources largest piece first to the least-loaded holder; raise if a piece has none."""
@@ -159,10 +165,17 @@ class InstructionBuilder:
                 f"pp stage {c // self.prev.tp} tp rank {c % self.prev.tp} ({', '.join(sorted(what))}) "
                 f"was only on failed device(s) {sorted(self.failed_holders.get(c, []))}"
                 for c, what in sorted(self.lost.items())])
-        for dst, seg, cands in sorted(self.missing, key=lambda m: -m[1].nbytes(self.bm)):
+        # one lazy min-heap of (load, device) per candidate set; loads only grow, so stale tops are re-pushed
+        heaps = {key: [(0, d) for d in sorted(devs)] for key, devs in self.sources.items()}
+        for dst, seg, key in sorted(self.missing, key=lambda m: -m[1].nbytes(self.bm)):
             nbytes = seg.nbytes(self.bm)
-            src = min(cands, key=lambda d: (load.get(d, 0), d))
+            heap = heaps[key]
+            while heap[0][0] != load.get(heap[0][1], 0):
+                _, dev = heapq.heappop(heap)
+                heapq.heappush(heap, (load.get(dev, 0), dev))
+            src = heap[0][1]
             load[src] = load.get(src, 0) + nbytes
+            heapq.heapreplace(heap, (load[src], src))
             out.append(Instruction("send", src, dst, self.kinds, seg, nbytes))
             out.append(Instruction("recv", src, dst, self.kinds, seg, nbytes))
         return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from migrate.layout import LayoutError, ParallelConfig
 
@@ -39,13 +40,24 @@ class Topology:
         devices = tuple(Device(n * gpus_per_node + g, names[n], g) for n in range(nodes) for g in range(gpus_per_node))
         return cls(devices, frozenset(names[:1] if pinned is None else pinned))
 
+    @cached_property
+    def _by_node(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for d in self.devices:
+            out.setdefault(d.node, []).append(d.id)
+        return out
+
     @property
     def nodes(self) -> list[str]:
         """Node names in device order."""
-        return list(dict.fromkeys(d.node for d in self.devices))
+        return list(self._by_node)
+
+    @cached_property
+    def gpus_per_node(self) -> int:
+        return max(len(v) for v in self._by_node.values())
 
     def node_devices(self, node: str) -> list[int]:
-        return [d.id for d in self.devices if d.node == node]
+        return self._by_node[node]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,35 @@
+"""`elastic plan` as a user calls it."""
+import json
+import subprocess
+import sys
+
+ARGS = ["--layers", "24", "--hidden", "512"]
+
+
+def elastic(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], capture_output=True, text=True)
+
+
+def test_plan_json_has_the_documented_keys():
+    out = elastic("plan", *ARGS, "--from", "pp4tp2dp1", "--to", "pp6tp4dp1", "--gpus-per-node", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    for key in ("pairs", "placement", "instructions", "bytes_moved", "bytes_state_total", "bytes_checkpoint",
+                "max_device_send_bytes", "max_device_recv_bytes", "nodes_released", "plan_ms"):
+        assert key in d
+    assert len(d["pairs"]) == 24 and 0 < d["bytes_moved"] < d["bytes_checkpoint"]
+    assert {i["op"] for i in d["instructions"]} == {"send", "recv", "refer"}
+
+
+def test_plan_text_is_readable():
+    out = elastic("plan", *ARGS, "--from", "pp4tp2", "--to", "pp2tp2", "--gpus-per-node", "4")
+    assert out.returncode == 0, out.stderr
+    assert "bytes moved" in out.stdout and "nodes released    node1" in out.stdout
+
+
+def test_bad_input_is_one_line_and_exit_2():
+    for bad in (["--from", "pp4x", "--to", "pp2"], ["--from", "pp5", "--to", "pp2"],
+                ["--from", "pp4", "--to", "pp2", "--failed", "a,b"], ["--from", "pp4", "--to", "pp2", "--failed", "0,1,2,3,4"]):
+        out = elastic("plan", *ARGS, *bad)
+        assert out.returncode == 2, (bad, out.stderr)
+        assert out.stdout == "" and len(out.stderr.strip().splitlines()) == 1 and "error" in out.stderr
