@@ -1,0 +1,109 @@
+"""Schema creation, WAL mode, versioning and the upgrade path from v1."""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from db import DatabaseError, Store
+from db.models import Base
+from db.schema import CURRENT_VERSION, create_v1
+
+
+def _columns(path: Path) -> dict[str, set[str]]:
+    insp = inspect(create_engine(f"sqlite:///{path}"))
+    return {t: {c["name"] for c in insp.get_columns(t)} for t in insp.get_table_names()}
+
+
+def test_fresh_database_has_every_table_and_current_version(store: Store, db_path: Path) -> None:
+    cols = _columns(db_path)
+    assert set(Base.metadata.tables) <= set(cols)
+    for name in ("jobs", "nodes", "devices", "rank_maps", "rank_map_entries", "migrations",
+                 "migration_phases", "admin_requests", "audit_log", "users", "schema_version"):
+        assert name in cols
+    assert store.schema_version == CURRENT_VERSION
+    assert sqlite3.connect(db_path).execute("SELECT version FROM schema_version").fetchone() == (CURRENT_VERSION,)
+
+
+def test_sqlite_uses_wal(store: Store, db_path: Path) -> None:
+    store.create_job("j", "pp1tp1dp1", 1, 1)
+    assert sqlite3.connect(db_path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_upgrade_from_v1_keeps_data_and_matches_fresh_schema(tmp_path: Path) -> None:
+    old = tmp_path / "v1.db"
+    create_v1(create_engine(f"sqlite:///{old}"))
+    con = sqlite3.connect(old)
+    con.execute("INSERT INTO jobs (name, state, layout, gpus_per_node, max_devices, created_at, updated_at)"
+                " VALUES ('legacy', 'running', 'pp2tp1dp1', 2, 2, '2024-01-01 00:00:00', '2024-01-01 00:00:00')")
+    con.commit()
+    con.close()
+    assert "sla_tier" not in _columns(old)["jobs"]
+
+    store = Store(f"sqlite:///{old}")
+    assert (store.schema_found, store.schema_version) == (1, CURRENT_VERSION)
+    job = store.find_job("legacy")
+    assert job is not None and job.sla_tier == "standard" and job.layout == "pp2tp1dp1"
+    rid = store.add_request(job.id, "suspend", {}, "ops")  # v2 table works
+    assert store.get_request(rid) is not None
+    store.close()
+
+    fresh = tmp_path / "fresh.db"
+    Store(f"sqlite:///{fresh}").close()
+    assert _columns(old) == _columns(fresh)
+    Store(f"sqlite:///{old}").close()  # opening again is a no-op
+
+
+def test_newer_schema_is_refused(db_path: Path) -> None:
+    Store(f"sqlite:///{db_path}").close()
+    con = sqlite3.connect(db_path)
+    con.execute("UPDATE schema_version SET version = 999")
+    con.commit()
+    con.close()
+    with pytest.raises(DatabaseError, match="newer"):
+        Store(f"sqlite:///{db_path}")
+
+
+def test_foreign_database_is_refused(db_path: Path) -> None:
+    con = sqlite3.connect(db_path)
+    con.execute("CREATE TABLE something (x int)")
+    con.commit()
+    con.close()
+    with pytest.raises(DatabaseError, match="not an elastic database"):
+        Store(f"sqlite:///{db_path}")
+
+
+@pytest.mark.parametrize("url, match", [
+    ("nosuchdialect://x/y", "unknown database kind"),
+    ("sqlite:////nonexistent-dir/sub/x.db", "does not exist"),
+    ("postgresql+nosuchdriver://u:secret@h/db", "unknown database kind"),
+    ("://nothing", "cannot parse"),
+    ("mysql+pymysql://u:secret@h/db", "driver module 'pymysql' is not installed"),
+])
+def test_bad_urls_give_clear_errors(url: str, match: str) -> None:
+    with pytest.raises(DatabaseError, match=match) as err:
+        Store(url)
+    assert "secret" not in str(err.value)
+
+
+def test_create_false_never_creates_a_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    with pytest.raises(DatabaseError, match="no database at"):
+        Store(f"sqlite:///{missing}", create=False)
+    assert not missing.exists()
+
+
+def test_garbage_file_is_refused(db_path: Path) -> None:
+    db_path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(DatabaseError, match="cannot"):
+        Store(f"sqlite:///{db_path}")
+
+
+def test_bare_path_and_memory_urls(tmp_path: Path) -> None:
+    Store(str(tmp_path / "plain.db")).close()
+    assert (tmp_path / "plain.db").exists()
+    mem = Store("sqlite://")
+    assert mem.create_job("m", "pp1tp1dp1", 1, 1) == 1
+    assert mem.get_job(1) is not None
