@@ -1,0 +1,63 @@
+"""`elastic testbed up|down|status [--root DIR]`: the local 4-node Slurm cluster.
+
+`up` ends with an `export SLURM_CONF=...` line so `eval "$(elastic testbed up)"`
+points the shell's Slurm commands at the testbed; progress goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from launcher.cli import UsageError
+from launcher.testbed import DEFAULT_ROOT, Testbed, TestbedError
+
+ACTIONS = ("up", "down", "status")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=ACTIONS, help="bring the cluster up, down, or report its state")
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
+                        help=f"folder holding all testbed state (default {DEFAULT_ROOT})")
+
+
+def run(args: argparse.Namespace) -> int:
+    root: Path = args.root
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"--root {root} exists and is not a folder")
+    if args.action == "up" and os.geteuid() != 0:
+        raise UsageError("the testbed starts slurmd, munged and MariaDB and must run as root")
+    testbed = Testbed(root)
+    try:
+        return _ACTIONS[args.action](testbed)
+    except TestbedError as exc:
+        print(f"elastic testbed {args.action}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _up(testbed: Testbed) -> int:
+    conf = testbed.up()
+    print(f"export SLURM_CONF={conf}")
+    return 0
+
+
+def _down(testbed: Testbed) -> int:
+    testbed.down()
+    return 0
+
+
+def _status(testbed: Testbed) -> int:
+    """Exit 0 when up, 1 when not, so scripts can test it."""
+    if testbed.is_up():
+        states = testbed.node_states()
+        print(f"up: {len(states)} nodes ({', '.join(f'{n} {s}' for n, s in states.items())})")
+        print(f"export SLURM_CONF={testbed.slurm_conf}")
+        return 0
+    running = [name for name, pid in testbed.daemon_pids().items() if pid is not None]
+    detail = f"; still running: {', '.join(running)} (run `elastic testbed down`)" if running else ""
+    print(f"down (root {testbed.root}){detail}")
+    return 1
+
+
+_ACTIONS = {"up": _up, "down": _down, "status": _status}

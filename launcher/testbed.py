@@ -1,0 +1,565 @@
+"""A real 4-node Slurm 22.05 cluster on loopback, for tests and demos.
+
+Why a real cluster and not a mock: the launcher's hard parts (shrinking a
+running job, steps that overlap, GRES, accounting) live in slurmctld's
+behaviour, which no fake reproduces. Debian's Slurm build supports several
+slurmd on one host (MULTIPLE_SLURMD), so four `slurmd -N nX` processes on
+127.0.0.1 with distinct ports make a 4-node cluster in about a second.
+
+Everything (configs, state, logs, MariaDB data, munge key and socket) lives
+under one root folder, so the testbed never touches /etc/slurm or the system
+munge/MariaDB and can be wiped with `rm -rf`. Only MariaDB's socket sits under
+/run/mysqld, where libmariadb looks for it when slurmdbd connects to
+`localhost`.
+
+Accounting (slurmdbd + MariaDB) is on because without it Slurm 22.05 lets a
+running job be resized only once ("the DB index is being set").
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_ROOT = Path("/tmp/elastic-testbed")
+NODES = ("n1", "n2", "n3", "n4")
+GPUS_PER_NODE = 4
+CPUS_PER_NODE = 4
+CLUSTER_NAME = "elastic"
+PARTITION = "debug"
+
+# Non-default ports so a system Slurm (6817/6818/6819) can coexist.
+CTLD_PORT = 26817
+DBD_PORT = 26819
+SLURMD_BASE_PORT = 26901  # n1 -> 26901, n2 -> 26902, ...
+
+MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
+MYSQL_SOCKET_DIR = Path("/run/mysqld")
+MYSQL_SOCKET = MYSQL_SOCKET_DIR / "elastic-testbed.sock"
+DB_NAME = "slurm_acct_db_elastic"
+
+INSTALL_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "install-slurm.sh"
+REQUIRED_BINARIES = (
+    "slurmctld", "slurmd", "slurmdbd", "sinfo", "scontrol", "munged", "mungekey", "munge", "unmunge",
+    "mariadbd", "mariadb-install-db",
+)
+
+UP_TIMEOUT_S = 60.0
+STOP_GRACE_S = 3.0
+
+
+def _real_exe(name: str) -> str:
+    """Where /proc/PID/exe of a process started as `name` points (Debian installs
+    slurmctld as an alternatives link to slurmctld-wlm, so resolve links)."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
+    return os.path.realpath(found) if found else name
+
+
+class TestbedError(RuntimeError):
+    """The testbed could not be brought up or down; the message says where to look."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+
+@dataclass(frozen=True)
+class _Daemon:
+    """One process the testbed owns: its name (also the pid file stem) and command."""
+
+    name: str
+    argv: list[str]
+    exe: str  # program name; /proc/PID/exe is checked against it so a reused pid is never signalled
+
+
+class Testbed:
+    """A 4-node Slurm cluster on loopback whose whole state lives under `root`.
+
+    `up()` is idempotent and returns the SLURM_CONF path; `down()` stops every
+    daemon it started and is safe to call twice. The daemons outlive the Python
+    process that started them (own session), so `elastic testbed up` can exit
+    and leave the cluster running.
+    """
+
+    __test__ = False  # not a pytest test class despite the name
+
+    def __init__(self, root: Path | str = DEFAULT_ROOT, *, verbose: bool = True) -> None:
+        self.root = Path(root).resolve()
+        self.verbose = verbose
+
+    # ----------------------------------------------------------------- paths
+    @property
+    def slurm_conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def munge_socket(self) -> Path:
+        """munged's socket: the standard path, because slurmctld ignores AuthInfo=socket=
+        when it authenticates to slurmdbd (it always dials /run/munge/munge.socket.2)."""
+        return MUNGE_SOCKET
+
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm clients talking to this cluster (merge into os.environ)."""
+        return {
+            "SLURM_CONF": str(self.slurm_conf),
+            # libmariadb honours this; slurmdbd needs it to find our MariaDB.
+            "MYSQL_UNIX_PORT": str(MYSQL_SOCKET),
+        }
+
+    def _full_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env())
+        return env
+
+    def _log(self, msg: str) -> None:
+        if self.verbose:
+            print(f"[testbed] {msg}", file=sys.stderr, flush=True)
+
+    # ---------------------------------------------------------------- status
+    def is_up(self) -> bool:
+        """True when every daemon is alive and sinfo shows all 4 nodes usable."""
+        if not self.slurm_conf.exists():
+            return False
+        ours = [d for d in self._daemons() if d.name != "munged"]  # munged may be reused
+        if any(self._pid_of(d.name, d.exe) is None for d in ours) or not self._munge_works():
+            return False
+        states = self.node_states()
+        return len(states) == len(NODES) and all(
+            s.rstrip("*~#!%$@^-") in ("idle", "mixed", "allocated", "completing")
+            for s in states.values()
+        )
+
+    def daemon_pids(self) -> dict[str, int | None]:
+        """Each daemon's pid, or None when it is not running (for `status`)."""
+        return {d.name: self._pid_of(d.name, d.exe) for d in self._daemons()}
+
+    def node_states(self) -> dict[str, str]:
+        """Node name -> sinfo state ('idle', 'down*', ...); empty if sinfo fails."""
+        try:
+            out = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %t"],
+                env=self._full_env(), capture_output=True, text=True, timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        if out.returncode != 0:
+            return {}
+        states: dict[str, str] = {}
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                states[parts[0]] = parts[1]
+        return states
+
+    # -------------------------------------------------------------------- up
+    def up(self, timeout: float = UP_TIMEOUT_S) -> Path:
+        """Bring the cluster up (or confirm it is) and return the SLURM_CONF path."""
+        self._require_root()
+        if self.is_up():
+            self._log(f"already up: {self.slurm_conf}")
+            return self.slurm_conf
+        # Half-up (a daemon died, or left over from a crash): restart cleanly.
+        self.down(quiet=True)
+        t0 = time.monotonic()
+        self._ensure_installed()
+        self._write_layout()
+        self._start_munge()
+        self._start_mariadb()
+        self._start_slurmdbd()
+        self._start_slurmctld()
+        self._start_slurmds()
+        self._wait_nodes_idle(deadline=time.monotonic() + timeout)
+        self._log(f"up in {time.monotonic() - t0:.1f} s: export SLURM_CONF={self.slurm_conf}")
+        return self.slurm_conf
+
+    @staticmethod
+    def _require_root() -> None:
+        if os.geteuid() != 0:
+            raise TestbedError(
+                "the Slurm testbed must run as root (it starts slurmd, munged and MariaDB); "
+                "rerun with sudo or as root"
+            )
+
+    def _ensure_installed(self) -> None:
+        missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+        if not missing:
+            return
+        self._log(f"installing Slurm packages (missing: {', '.join(missing)}) ...")
+        result = subprocess.run(["bash", str(INSTALL_SCRIPT)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise TestbedError(
+                f"{INSTALL_SCRIPT} failed (exit {result.returncode}): "
+                f"{(result.stderr or result.stdout).strip()[-2000:]}\n"
+                "check network access to the Debian mirrors and rerun"
+            )
+
+    # ---------------------------------------------------------------- layout
+    def _write_layout(self) -> None:
+        """Create folders, fake GPU devices and config files (rewritten on every up)."""
+        for sub in ("etc", "log", "run", "state/ctld", "munge", "mysql", "dev"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)
+        for node in NODES:
+            (self.root / "state" / f"slurmd-{node}").mkdir(parents=True, exist_ok=True)
+            self._make_fake_gpus(self.root / "dev" / node)
+        self.slurm_conf.write_text(self._slurm_conf_text())
+        (self.root / "etc" / "gres.conf").write_text(self._gres_conf_text())
+        dbd = self.root / "etc" / "slurmdbd.conf"
+        dbd.write_text(self._slurmdbd_conf_text())
+        os.chmod(dbd, 0o600)  # slurmdbd refuses a config others can read
+
+    @staticmethod
+    def _make_fake_gpus(folder: Path) -> None:
+        """GRES File= must be character devices; /dev/null's numbers (1,3) are harmless."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(GPUS_PER_NODE):
+            path = folder / f"nvidia{i}"
+            if path.exists() and stat.S_ISCHR(path.stat().st_mode):
+                continue
+            if path.exists() or path.is_symlink():
+                path.unlink()
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+
+    def _slurm_conf_text(self) -> str:
+        r = self.root
+        last_port = SLURMD_BASE_PORT + len(NODES) - 1
+        nodes = f"n[1-{len(NODES)}]"
+        return f"""\
+# Written by launcher/testbed.py; rewritten on every `up`.
+ClusterName={CLUSTER_NAME}
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={CTLD_PORT}
+SlurmdPort={SLURMD_BASE_PORT}
+AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={r}/state/ctld
+SlurmdSpoolDir={r}/state/slurmd-%n
+SlurmctldPidFile={r}/run/slurmctld.slurm.pid
+SlurmdPidFile={r}/run/slurmd-%n.slurm.pid
+SlurmctldLogFile={r}/log/slurmctld.log
+SlurmdLogFile={r}/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=permit_job_expansion,bf_interval=1
+MpiDefault=none
+SlurmdParameters=config_overrides
+GresTypes=gpu
+ReturnToService=2
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort={DBD_PORT}
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+MessageTimeout=10
+NodeName={nodes} NodeHostname=localhost NodeAddr=127.0.0.1 Port={SLURMD_BASE_PORT}-{last_port} CPUs={CPUS_PER_NODE} Sockets=1 CoresPerSocket={CPUS_PER_NODE} ThreadsPerCore=1 RealMemory=1024 Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN
+PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
+"""
+
+    def _gres_conf_text(self) -> str:
+        lines = ["# Fake GPUs: character devices made with mknod (c 1 3)."]
+        for node in NODES:
+            lines.append(
+                f"NodeName={node} Name=gpu File={self.root}/dev/{node}/nvidia[0-{GPUS_PER_NODE - 1}]"
+            )
+        return "\n".join(lines) + "\n"
+
+    def _slurmdbd_conf_text(self) -> str:
+        r = self.root
+        return f"""\
+# Written by launcher/testbed.py; slurmdbd reads it from SLURM_CONF's folder.
+AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={DBD_PORT}
+SlurmUser=root
+DebugLevel=info
+LogFile={r}/log/slurmdbd.log
+PidFile={r}/run/slurmdbd.slurm.pid
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=root
+StorageLoc={DB_NAME}
+"""
+
+    # -------------------------------------------------------------- daemons
+    def _daemons(self) -> list[_Daemon]:
+        """Every daemon in start order; down() stops them in reverse (slurmd first)."""
+        r = self.root
+        conf = str(self.slurm_conf)
+        daemons = [
+            _Daemon("munged", [
+                "munged", "-F", "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={r}/munge/munge.key",
+                f"--pid-file={r}/run/munged.munge.pid",
+                f"--seed-file={r}/munge/munged.seed",
+                f"--log-file={r}/log/munged.log",
+            ], "munged"),
+            _Daemon("mariadb", [
+                "mariadbd", "--no-defaults", "--user=root",
+                f"--datadir={r}/mysql", f"--socket={MYSQL_SOCKET}", "--skip-networking",
+                f"--pid-file={r}/run/mariadb.mysql.pid", f"--log-error={r}/log/mariadb.log",
+                "--innodb-buffer-pool-size=64M", "--skip-log-bin",
+            ], "mariadbd"),
+            _Daemon("slurmdbd", ["slurmdbd", "-D"], "slurmdbd"),
+            # -c: forget jobs from a previous session so every `up` starts clean.
+            _Daemon("slurmctld", ["slurmctld", "-D", "-c", "-f", conf], "slurmctld"),
+        ]
+        for node in NODES:
+            daemons.append(_Daemon(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", conf], "slurmd"))
+        return daemons
+
+    def _daemon(self, name: str) -> _Daemon:
+        return next(d for d in self._daemons() if d.name == name)
+
+    def _pid_file(self, name: str) -> Path:
+        return self.run_dir / f"{name}.pid"
+
+    def _spawn(self, daemon: _Daemon) -> int:
+        """Start one daemon in its own session, output to log/<name>.out, pid recorded.
+
+        posix_spawn, not Popen: the daemons are meant to outlive this process,
+        and a Popen object dropped while its child runs warns (ResourceWarning).
+        """
+        out = os.open(self.log_dir / f"{daemon.name}.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            pid = os.posix_spawnp(
+                daemon.argv[0], daemon.argv, self._full_env(), setsid=True,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, out, 1),
+                    (os.POSIX_SPAWN_DUP2, out, 2),
+                ],
+            )
+        except OSError as exc:
+            raise TestbedError(f"could not start {daemon.name} ({' '.join(daemon.argv)}): {exc}; "
+                               f"is it installed? run {INSTALL_SCRIPT}") from exc
+        finally:
+            os.close(out)
+        self._pid_file(daemon.name).write_text(f"{pid}\n")
+        return pid
+
+    def _pid_of(self, name: str, exe: str) -> int | None:
+        """Pid of a live daemon we started, or None (dead, zombie or pid reused)."""
+        try:
+            pid = int(self._pid_file(name).read_text().strip())
+            # exe, not comm: mariadbd renames its main thread while starting up.
+            if os.readlink(f"/proc/{pid}/exe") != _real_exe(exe):
+                return None
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            return None
+        return None if fields[0] in ("Z", "X") else pid
+
+    def _check_alive(self, daemon: _Daemon, what: str) -> None:
+        if self._pid_of(daemon.name, daemon.exe) is None:
+            raise TestbedError(
+                f"{daemon.name} exited while {what}; last lines of its logs:\n"
+                f"{self._tail_logs(daemon.name)}\n{self._log_hint()}"
+            )
+
+    def _tail_logs(self, name: str, lines: int = 12) -> str:
+        """The end of log/<name>.out (stdout) and log/<name>.log (the daemon's own log)."""
+        parts = []
+        for path in (self.log_dir / f"{name}.out", self.log_dir / f"{name}.log"):
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"--- {path}\n" + "\n".join(tail))
+        return "\n".join(parts) or f"(no log for {name} in {self.log_dir})"
+
+    def _wait(self, what: str, ready, daemon: _Daemon, timeout: float = 30.0) -> None:
+        """Poll `ready()` until true; fail early if the daemon died, late with logs named."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            self._check_alive(daemon, what)
+            time.sleep(0.1)
+        raise TestbedError(f"timed out after {timeout:.0f} s {what}; {self._log_hint()}")
+
+    def _log_hint(self) -> str:
+        logs = sorted(str(p) for p in self.log_dir.glob("*")) if self.log_dir.exists() else []
+        return "look at: " + ", ".join(logs) if logs else f"no logs in {self.log_dir}"
+
+    def _start_munge(self) -> None:
+        """Start our munged on the standard socket, or reuse a live one already there.
+
+        Any munged works: every daemon and client of the testbed talks to the
+        same socket, so they all share whichever key that munged holds.
+        """
+        if self._munge_works():
+            self._log(f"reusing the munged already listening on {self.munge_socket}")
+            return
+        key = self.root / "munge" / "munge.key"
+        if not key.exists():
+            self._log("creating munge key")
+            subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
+        os.chmod(key, 0o600)
+        self.munge_socket.parent.mkdir(parents=True, exist_ok=True)
+        for stale in (self.munge_socket, Path(f"{self.munge_socket}.lock")):
+            stale.unlink(missing_ok=True)  # left by a munged that died
+        self._log("starting munged")
+        d = self._daemon("munged")
+        self._spawn(d)
+        self._wait("waiting for munged's socket", self._munge_works, d)
+
+    def _munge_works(self) -> bool:
+        """True when a credential encoded through the socket decodes again."""
+        if not self._is_socket(self.munge_socket):
+            return False
+        try:
+            enc = subprocess.run(["munge", "-n", "-S", str(self.munge_socket)],
+                                 capture_output=True, timeout=5)
+            if enc.returncode != 0:
+                return False
+            dec = subprocess.run(["unmunge", "-S", str(self.munge_socket)], input=enc.stdout,
+                                 capture_output=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return dec.returncode == 0
+
+    def _start_mariadb(self) -> None:
+        datadir = self.root / "mysql"
+        if not (datadir / "mysql").is_dir():
+            self._log("initialising MariaDB data folder (first run only)")
+            result = subprocess.run(
+                ["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={datadir}",
+                 "--auth-root-authentication-method=socket", "--skip-test-db"],
+                capture_output=True, text=True,
+            )
+            if result.returncode != 0:
+                raise TestbedError(f"mariadb-install-db failed: {result.stdout[-1500:]}{result.stderr[-1500:]}")
+        MYSQL_SOCKET_DIR.mkdir(parents=True, exist_ok=True)
+        if MYSQL_SOCKET.exists():
+            MYSQL_SOCKET.unlink()  # stale: our mariadbd is not running (down() ran first)
+        self._log("starting MariaDB")
+        d = self._daemon("mariadb")
+        self._spawn(d)
+        self._wait("waiting for MariaDB's socket", lambda: self._is_socket(MYSQL_SOCKET), d)
+
+    def _start_slurmdbd(self) -> None:
+        self._log("starting slurmdbd")
+        d = self._daemon("slurmdbd")
+        self._spawn(d)
+        self._wait(f"waiting for slurmdbd on port {DBD_PORT}", lambda: self._port_open(DBD_PORT), d)
+
+    def _start_slurmctld(self) -> None:
+        self._log("starting slurmctld")
+        d = self._daemon("slurmctld")
+        self._spawn(d)
+        self._wait("waiting for slurmctld to answer `scontrol ping`", self._ctld_answers, d)
+
+    def _start_slurmds(self) -> None:
+        self._log(f"starting {len(NODES)} slurmd ({', '.join(NODES)})")
+        for node in NODES:
+            self._spawn(self._daemon(f"slurmd-{node}"))
+
+    def _wait_nodes_idle(self, deadline: float) -> None:
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            for d in self._daemons():
+                self._check_alive(d, "waiting for the nodes to become idle")
+            states = self.node_states()
+            if len(states) == len(NODES) and all(s == "idle" for s in states.values()):
+                return
+            time.sleep(0.2)
+        raise TestbedError(
+            f"timed out waiting for {len(NODES)} idle nodes (sinfo says {states or 'nothing'}); "
+            + self._log_hint()
+        )
+
+    def _ctld_answers(self) -> bool:
+        r = subprocess.run(["scontrol", "ping"], env=self._full_env(), capture_output=True, text=True)
+        return r.returncode == 0 and "UP" in r.stdout
+
+    @staticmethod
+    def _is_socket(path: Path) -> bool:
+        try:
+            return stat.S_ISSOCK(path.stat().st_mode)
+        except OSError:
+            return False
+
+    @staticmethod
+    def _port_open(port: int) -> bool:
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    # ------------------------------------------------------------------ down
+    def down(self, quiet: bool = False) -> None:
+        """Stop every daemon we started, slurmd first; safe to call when nothing runs.
+
+        A slurmd that keeps retrying a dead controller ignores SIGTERM, so
+        every TERM is followed by KILL after a short grace period. The four
+        slurmd stop together to keep `down` quick.
+        """
+        daemons = self._daemons()
+        groups = [[d for d in daemons if d.name.startswith("slurmd-")]]
+        groups += [[d] for d in reversed(daemons) if not d.name.startswith("slurmd-")]
+        stopped: list[str] = []
+        for group in groups:
+            stopped += self._stop_group(group)
+        if not quiet:
+            self._log("stopped " + (", ".join(stopped) if stopped else "nothing (was not running)"))
+
+    def _stop_group(self, group: list[_Daemon]) -> list[str]:
+        """TERM every live daemon in the group, wait, then KILL the ones still there."""
+        live = {d.name: (d, pid) for d in group if (pid := self._pid_of(d.name, d.exe)) is not None}
+        for d in group:
+            if d.name not in live:
+                self._pid_file(d.name).unlink(missing_ok=True)
+        for _, pid in live.values():
+            self._signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(
+            self._pid_of(d.name, d.exe) == pid for d, pid in live.values()
+        ):
+            time.sleep(0.05)
+        for d, pid in live.values():
+            if self._pid_of(d.name, d.exe) == pid:
+                self._signal(pid, signal.SIGKILL)
+            self._reap(pid)
+            self._pid_file(d.name).unlink(missing_ok=True)
+        return list(live)
+
+    @staticmethod
+    def _signal(pid: int, sig: signal.Signals) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    @staticmethod
+    def _reap(pid: int) -> None:
+        """Collect the exit status if we are the parent (same Python process as up())."""
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass

@@ -1,0 +1,29 @@
+"""Fixtures for launcher tests. `slurm_testbed` brings the real loopback Slurm
+cluster up once per session (installing Slurm if needed) and yields it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from launcher.testbed import DEFAULT_ROOT, Testbed
+
+
+@pytest.fixture(scope="session")
+def slurm_testbed() -> Iterator[Testbed]:
+    """The 4-node testbed, up. Skips only when not root: anything else that stops
+    Slurm from coming up is a failure, so a broken install never hides as a skip.
+
+    It is taken down at the end only if this session brought it up, so a
+    testbed someone started by hand (`elastic testbed up`) stays up.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root (it starts slurmd, munged and MariaDB)")
+    testbed = Testbed(Path(os.environ.get("ELASTIC_TESTBED_ROOT", DEFAULT_ROOT)))
+    was_up = testbed.is_up()
+    testbed.up()  # raises TestbedError with the log files to read
+    yield testbed
+    if not was_up:
+        testbed.down()
