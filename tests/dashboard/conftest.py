@@ -1,0 +1,73 @@
+"""Fixtures: a seeded database, the app, and logged-in test clients per role."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from dashboard import create_app
+from db import Store
+from tests.db.seed import FakeClock, seed_demo
+
+SECRET = "test-secret-key-0123456789abcdef"
+PASSWORDS = {"admin": "admin-password", "viewer": "viewer-password"}
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'dash.db'}"
+    clock = FakeClock()
+    store = Store(url, clock=clock)
+    seed_demo(store, clock)
+    store.add_user("admin", PASSWORDS["admin"], "admin")
+    store.add_user("viewer", PASSWORDS["viewer"], "viewer")
+    store.close()
+    return url
+
+
+@pytest.fixture
+def app(db_url: str) -> Flask:
+    return create_app({"DB_URL": db_url, "SECRET_KEY": SECRET, "TESTING": True})
+
+
+@pytest.fixture
+def store(app: Flask) -> Store:
+    return app.extensions["elastic_store"]
+
+
+def csrf_of(html: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "page has no CSRF token"
+    return match.group(1)
+
+
+def login(client: FlaskClient, role: str) -> str:
+    """Log in through the form; returns the session's CSRF token."""
+    token = csrf_of(client.get("/login").text)
+    resp = client.post("/login", data={"username": role, "password": PASSWORDS[role], "csrf_token": token})
+    assert resp.status_code == 302, resp.text
+    with client.session_transaction() as sess:
+        return str(sess["csrf"])
+
+
+@pytest.fixture
+def anon(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture
+def admin(app: Flask) -> Iterator[Any]:
+    client = app.test_client()
+    client.csrf = login(client, "admin")  # type: ignore[attr-defined]
+    yield client
+
+
+@pytest.fixture
+def viewer(app: Flask) -> Iterator[Any]:
+    client = app.test_client()
+    client.csrf = login(client, "viewer")  # type: ignore[attr-defined]
+    yield client

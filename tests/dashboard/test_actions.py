@@ -1,0 +1,87 @@
+"""Admin actions: roles, CSRF, validation, request + audit rows, HX-Trigger refresh."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from db import Store
+
+
+def test_admin_action_queues_request_and_audits(admin: Any, store: Store) -> None:
+    resp = admin.post("/jobs/1/preempt", data={"count": "1", "csrf_token": admin.csrf},
+                      headers={"HX-Request": "true"})
+    assert resp.status_code == 200 and resp.headers["HX-Trigger"] == "elastic-refresh"
+    (req,) = store.pending_requests(1)
+    assert (req.action, req.params, req.requested_by) == ("preempt", {"count": 1}, "admin")
+    assert f"Request #{req.id} queued" in resp.text
+    audit = store.audit_log(target="job:1")[0]
+    assert (audit.who, audit.action) == ("admin", "preempt") and f"request {req.id}" in audit.result
+    assert store.get_job(1).state == "running"  # type: ignore[union-attr]  # the launcher acts, not the app
+    assert f'data-request-id="{req.id}"' in admin.get("/jobs/1", headers={"HX-Request": "true"}).text
+
+
+@pytest.mark.parametrize("action, form, params", [
+    ("preempt", {"nodes": "n1"}, {"nodes": ["n1"]}),
+    ("grow", {"nodes": "2"}, {"nodes": 2}),
+    ("suspend", {}, {}),
+])
+def test_each_action_without_htmx_redirects_back(admin: Any, store: Store, action: str,
+                                                 form: dict[str, str], params: dict[str, Any]) -> None:
+    resp = admin.post(f"/jobs/1/{action}", data={**form, "csrf_token": admin.csrf})
+    assert resp.status_code == 302 and resp.headers["Location"] == "/jobs/1"
+    assert store.pending_requests(1)[-1].params == params
+
+
+@pytest.mark.parametrize("action, form", [
+    ("preempt", {"nodes": "n0"}),        # pinned, not held
+    ("preempt", {"count": "9"}),
+    ("shrink", {"nodes": "1"}),          # already on one node
+    ("grow", {"nodes": "abc"}),
+    ("resume", {}),                      # job is running
+])
+def test_invalid_action_params_are_400_and_audited(admin: Any, store: Store, action: str,
+                                                   form: dict[str, str]) -> None:
+    resp = admin.post(f"/jobs/1/{action}", data={**form, "csrf_token": admin.csrf})
+    assert resp.status_code == 400
+    assert store.pending_requests(1) == []
+    assert store.audit_log(target="job:1")[0].result.startswith("rejected")
+
+
+def test_unknown_action_and_job(admin: Any) -> None:
+    assert admin.post("/jobs/1/explode", data={"csrf_token": admin.csrf}).status_code == 404
+    assert admin.post("/jobs/99/suspend", data={"csrf_token": admin.csrf}).status_code == 404
+
+
+def test_viewer_gets_403_and_is_audited(viewer: Any, store: Store) -> None:
+    for action in ("preempt", "shrink", "grow", "suspend", "resume"):
+        assert viewer.post(f"/jobs/1/{action}", data={"count": "1", "csrf_token": viewer.csrf}).status_code == 403
+    assert store.pending_requests(1) == []
+    assert store.audit_log(target="job:1")[0].result.startswith("denied")
+
+
+def test_missing_or_wrong_csrf_is_400(admin: Any, store: Store) -> None:
+    assert admin.post("/jobs/1/suspend").status_code == 400
+    assert admin.post("/jobs/1/suspend", data={"csrf_token": "forged"}).status_code == 400
+    assert admin.post("/jobs/1/suspend", headers={"X-CSRF-Token": admin.csrf}).status_code == 302
+    assert admin.post("/logout").status_code == 400
+    assert len(store.pending_requests(1)) == 1
+
+
+def test_login_needs_csrf(anon: Any) -> None:
+    anon.get("/login")
+    assert anon.post("/login", data={"username": "admin", "password": "admin-password"}).status_code == 400
+
+
+def test_anonymous_post_is_redirected(anon: Any, store: Store) -> None:
+    anon.get("/login")
+    with anon.session_transaction() as sess:
+        token = sess["csrf"]
+    resp = anon.post("/jobs/1/suspend", data={"csrf_token": token})
+    assert resp.status_code == 302 and "/login" in resp.headers["Location"]
+    assert store.pending_requests(1) == []
+
+
+def test_logout(admin: Any) -> None:
+    assert admin.post("/logout", data={"csrf_token": admin.csrf}).status_code == 302
+    assert admin.get("/").status_code == 302

@@ -1,0 +1,98 @@
+"""Every read-only route, full pages and htmx partials, and the history filters."""
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+import pytest
+
+from db import Store
+
+
+@pytest.mark.parametrize("url", ["/", "/jobs/1", "/migrations/1", "/history", "/history?format=csv"])
+def test_anonymous_is_redirected_to_login(anon: Any, url: str) -> None:
+    resp = anon.get(url)
+    assert resp.status_code == 302 and resp.headers["Location"].startswith("/login")
+
+
+def test_anonymous_htmx_poll_gets_hx_redirect(anon: Any) -> None:
+    resp = anon.get("/jobs/1", headers={"HX-Request": "true"})
+    assert resp.status_code == 401 and resp.headers["HX-Redirect"] == "/login"
+
+
+def test_login_rejects_bad_password_and_redirects_only_locally(anon: Any) -> None:
+    from tests.dashboard.conftest import csrf_of
+
+    token = csrf_of(anon.get("/login").text)
+    assert anon.post("/login", data={"username": "admin", "password": "nope", "csrf_token": token}).status_code == 401
+    resp = anon.post("/login", data={"username": "admin", "password": "admin-password", "csrf_token": token,
+                                     "next": "//evil.example/"})
+    assert resp.headers["Location"] == "/"
+
+
+def test_jobs_overview(viewer: Any) -> None:
+    page = viewer.get("/")
+    assert page.status_code == 200 and "htmx.min.js" in page.text
+    assert "llama" in page.text and "bert" in page.text and "pp2tp2dp1" in page.text
+    assert 'class="sla-bad"' in page.text and 'class="sla-ok"' in page.text  # llama misses premium, bert meets standard
+    part = viewer.get("/", headers={"HX-Request": "true"})
+    assert part.text.lstrip().startswith("{#") is False and "<html" not in part.text and 'id="jobs-table"' in part.text
+    assert "every 2s [document.visibilityState === 'visible']" in part.text
+
+
+def test_job_placement_page_and_partial(viewer: Any) -> None:
+    page = viewer.get("/jobs/1")
+    assert page.status_code == 200 and "<html" in page.text
+    text = page.text
+    assert 'data-epoch="1"' in text and 'data-rank="3"' in text and "pp1 tp1 dp0" in text
+    assert "pinned" in text and "cell other" in text and "cell idle" in text
+    assert "every 2s [document.visibilityState === 'visible']" in text and "elastic-refresh from:body" in text
+    assert "Fragmentation" in text and "#1</a> resize" in text
+    assert "Preempt</button>" not in text  # viewers get no action forms
+    part = viewer.get("/jobs/1", headers={"HX-Request": "true"})
+    assert "<html" not in part.text and part.text.lstrip().startswith('<div id="panels"')
+    assert viewer.get("/jobs/999").status_code == 404
+
+
+def test_admin_sees_action_forms_with_csrf(admin: Any) -> None:
+    text = admin.get("/jobs/1").text
+    for action in ("preempt", "shrink", "grow", "suspend", "resume"):
+        assert f'/jobs/1/{action}"' in text
+    assert text.count('name="csrf_token"') >= 6
+
+
+def test_migration_page(viewer: Any) -> None:
+    text = viewer.get("/migrations/1").text
+    assert "<svg" in text and 'data-label="execute" data-value="6.0"' in text
+    assert 'data-label="moved"' in text and 'data-label="checkpoint"' in text and "12.5%" in text
+    assert "bit-exact" in text and "instructions" in text and "pp2tp2dp2 → pp2tp2dp1" in text
+    assert viewer.get("/migrations/42").status_code == 404
+
+
+def test_history_page_partial_and_exports(viewer: Any, store: Store) -> None:
+    page = viewer.get("/history?trigger=resize")
+    assert page.status_code == 200 and "1 migration " in page.text
+    part = viewer.get("/history?status=failed", headers={"HX-Request": "true"})
+    assert part.text.startswith('<div id="history-table"') and "No migrations match" in part.text
+    rows = list(csv.DictReader(io.StringIO(viewer.get("/history?format=csv&job=llama").text)))
+    assert rows == [{k: "" if v is None else str(v) for k, v in r.items()} for r in store.history(job="llama")]
+    assert viewer.get("/history?format=json&since=2024-05-01").get_json() == store.history(since=None)
+
+
+def test_history_paging(viewer: Any, store: Store) -> None:
+    for _ in range(30):
+        store.start_migration(1, "a", "b", "demo", {}, {})
+    first = viewer.get("/history").text
+    assert "Page 1 of 2" in first and "page=2" in first
+    assert "Page 2 of 2" in viewer.get("/history?page=2").text
+
+
+@pytest.mark.parametrize("query", [
+    "since=notadate", "until=2024-99-99", "trigger=x%27%3B+DROP+TABLE+migrations", "status=bogus",
+    "page=0", "page=abc", "format=xml", "limit=0", "since=2024-06-01&until=2024-05-01",
+])
+def test_malformed_history_filters_are_400(viewer: Any, store: Store, query: str) -> None:
+    resp = viewer.get(f"/history?{query}")
+    assert resp.status_code == 400
+    assert store.history_count() == 1  # table intact
