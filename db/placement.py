@@ -25,8 +25,12 @@ def fragmentation(
     entries: Sequence[RankEntry],
     nodes: Sequence[NodeInfo],
     gpus_per_node: int,
+    others: Mapping[tuple[str, int], str] | None = None,
 ) -> dict[str, Any]:
     """Per node occupied/idle devices, nodes that cannot be released, TP groups spanning nodes.
+
+    `others` maps (node, gpu) to another job holding that device: such devices count as
+    `other`, not idle.
 
     A node is releasable when no rank runs on it and it is not pinned. `unreleasable` lists
     nodes that hold idle devices yet cannot be handed back (pinned, or stranded by a few
@@ -43,10 +47,11 @@ def fragmentation(
         if state in ("released", "failed") and not used[name]:
             continue
         occupied = used[name]
-        idle = max(gpus_per_node - occupied, 0)
+        other = sum(1 for (n, _g) in (others or {}) if n == name)
+        idle = max(gpus_per_node - occupied - other, 0)
         releasable = occupied == 0 and not pinned
         reason = "pinned" if pinned else ("in use" if occupied else "")
-        rows.append({"node": name, "occupied": occupied, "idle": idle, "pinned": pinned,
+        rows.append({"node": name, "occupied": occupied, "other": other, "idle": idle, "pinned": pinned,
                      "releasable": releasable, "reason": reason})
     spanning = []
     for (pp, dp), group in tp_groups(entries).items():

@@ -290,7 +290,7 @@ class Store(AdminMixin, StoreBase):
             "layout": current.layout if current else job.layout,
             "started_at": current.started_at if current else None,
             "grid": placement_mod.grid(entries, infos, job.gpus_per_node, others, failed),
-            "fragmentation": placement_mod.fragmentation(entries, infos, job.gpus_per_node),
+            "fragmentation": placement_mod.fragmentation(entries, infos, job.gpus_per_node, others),
             "pp_stages": len({e.pp for e in entries}),
             "tp_groups": len({(e.pp, e.dp) for e in entries}),
         }

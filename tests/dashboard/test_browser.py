@@ -1,0 +1,122 @@
+"""Real-browser checks (Debian's Chromium driven by Playwright): live polling and an admin action.
+
+Run with `pytest -m browser tests/dashboard`. The fixture installs what it needs through
+scripts/install-browser.sh and fails loudly when that is impossible. Set
+ELASTIC_SCREENSHOT_DIR to keep screenshots of the pages it visits.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from dashboard import create_app
+from db import Store
+from tests.dashboard.conftest import PASSWORDS, SECRET
+from tests.db.seed import layout_entries
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "install-browser.sh")], capture_output=True, text=True,
+                          env={**os.environ, "ELASTIC_VENV_PYTHON": sys.executable}, timeout=1800)
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/install-browser.sh failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def server(db_url: str) -> Iterator[str]:
+    """The app on 127.0.0.1, a free port, in a thread; yields its base URL."""
+    from werkzeug.serving import make_server
+
+    app = create_app({"DB_URL": db_url, "SECRET_KEY": SECRET})
+    srv = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    thread.join(5)
+    app.extensions["elastic_store"].close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    p = context.new_page()
+    p.set_default_timeout(10_000)
+    yield p
+    context.close()
+
+
+def _login(page: Any, base: str, role: str) -> None:
+    page.goto(f"{base}/jobs/1")
+    assert "/login" in page.url  # anonymous -> login form
+    page.fill("input[name=username]", role)
+    page.fill("input[name=password]", PASSWORDS[role])
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/jobs/1")
+
+
+def _shot(page: Any, name: str, tmp_path: Path) -> None:
+    target = Path(os.environ.get("ELASTIC_SCREENSHOT_DIR") or tmp_path)
+    target.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(target / name), full_page=True)
+
+
+def test_placement_grid_follows_new_rank_map_without_reload(page: Any, server: str, db_url: str,
+                                                            tmp_path: Path) -> None:
+    _login(page, server, "viewer")
+    cell = page.locator('#placement tr[data-node="n1"] td[data-gpu="3"]')
+    assert "pp1 tp1 dp0" in cell.inner_text()
+    assert page.locator("#panels").get_attribute("data-epoch") == "1"
+    _shot(page, "placement-before.png", tmp_path)
+    page.evaluate("window.__sameDocument = true")
+
+    store = Store(db_url)  # a second writer, as the launcher would be
+    frag = store.fragmentation(1)
+    mid = store.start_migration(1, "pp2tp2dp1", "pp4tp1dp1", "demo", {"pairs": 2}, frag)
+    store.record_rank_map(1, 2, "pp4tp1dp1", layout_entries(4, 1, 1, ["n1"], 4))
+    store.finish_migration(mid, "succeeded", 10, 100, True, {"execute": 0.1}, fragmentation_after=store.fragmentation(1))
+    store.close()
+
+    page.wait_for_selector('#panels[data-epoch="2"]')
+    assert page.evaluate("window.__sameDocument") is True  # updated by htmx polling, not a reload
+    assert "pp3 tp0 dp0" in cell.inner_text()
+    assert "pp4tp1dp1" in page.locator("#placement h3").inner_text()
+    _shot(page, "placement-after.png", tmp_path)
+
+
+def test_admin_preempt_queues_request_and_audit(page: Any, server: str, db_url: str, tmp_path: Path) -> None:
+    _login(page, server, "admin")
+    page.fill("form[action$='/preempt'] input[name=count]", "1")
+    page.click("button[name=preempt]")
+    page.wait_for_selector("#action-result [data-request-id]")
+    rid = int(page.locator("#action-result [data-request-id]").get_attribute("data-request-id"))
+
+    store = Store(db_url)
+    (req,) = store.pending_requests(1)
+    assert (req.id, req.action, req.params, req.requested_by) == (rid, "preempt", {"count": 1}, "admin")
+    audit = store.audit_log(target="job:1")[0]
+    assert audit.who == "admin" and audit.action == "preempt" and f"request {rid}" in audit.result
+    store.close()
+
+    # HX-Trigger refreshed the panels: the request row shows without a reload.
+    page.wait_for_selector(f'#requests tr[data-request-id="{rid}"]')
+    assert "pending" in page.locator(f'#requests tr[data-request-id="{rid}"]').inner_text()
+    _shot(page, "after-preempt.png", tmp_path)
