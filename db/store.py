@@ -169,6 +169,28 @@ class Store(AdminMixin, StoreBase):
                                                              RankMapRow.ended_at.is_(None))):
                     rm.ended_at = row.updated_at
 
+    def update_job(
+        self,
+        job_id: int,
+        *,
+        slurm_job_id: str | None = None,
+        pinned_node: str | None = None,
+        max_devices: int | None = None,
+        sla_tier: str | None = None,
+    ) -> None:
+        """Change job attributes learnt later (e.g. the Slurm id once sbatch answers); None = keep."""
+        if sla_tier is not None:
+            check("SLA tier", sla_tier, SLA_TIERS)
+        if max_devices is not None and max_devices <= 0:
+            raise ValueError("max_devices must be positive")
+        with self._tx() as s:
+            row = self._job_row(s, job_id)
+            for name, value in (("slurm_job_id", slurm_job_id), ("pinned_node", pinned_node),
+                                ("max_devices", max_devices), ("sla_tier", sla_tier)):
+                if value is not None:
+                    setattr(row, name, value)
+            row.updated_at = self.now()
+
     # ---------------------------------------------------------------- nodes
     def set_node_state(self, job_id: int, node: str, state: str, *, pinned: bool | None = None) -> None:
         """Set a node's state (creating the node row if new); failed nodes fail their devices."""

@@ -139,3 +139,12 @@ def test_each_state_change_is_one_transaction(store: Store) -> None:
         store.record_rank_map(jid, 0, "x", [dict(virtual_rank=0, node="n", gpu=0, pp=0, dp=0, tp=0),
                                             dict(virtual_rank=0, node="n", gpu=1, pp=0, dp=0, tp=0)])
     assert store.current_rank_map(jid) == before is None
+
+
+def test_update_job(store: Store) -> None:
+    jid = store.create_job("gpt", "pp1tp1dp1", 1, 1)
+    store.update_job(jid, slurm_job_id="4242", sla_tier="premium")
+    job = store.get_job(jid)
+    assert job is not None and job.slurm_job_id == "4242" and job.sla_tier == "premium" and job.max_devices == 1
+    with pytest.raises(NotFoundError):
+        store.update_job(999, slurm_job_id="1")
