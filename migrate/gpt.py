@@ -1,0 +1,146 @@
+"""The reference model: one pipeline stage of a small GPT, Megatron-style tensor parallel.
+
+Its parameter names are exactly `ModelSpec.tensors()` names and their local shapes follow the
+same layout rules the planner uses, so the executor can hand received tensors straight to it.
+TP uses the two Megatron region functions (copy-to / reduce-from the TP group) plus a gather
+of vocabulary-parallel logits; with tp == 1 they are identities.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from migrate.layout import ModelSpec
+from migrate.state import local_shape
+from migrate.workload import Workload
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group, ctx.size, ctx.rank = group, dist.get_world_size(group), dist.get_rank(group)
+        parts = [torch.empty_like(x) for _ in range(ctx.size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None
+
+
+class TPGroup:
+    """The TP process group of this rank, or None when tp == 1."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+
+    def copy(self, x):
+        return x if self.group is None else _CopyToTP.apply(x, self.group)
+
+    def reduce(self, x):
+        return x if self.group is None else _ReduceFromTP.apply(x, self.group)
+
+    def gather(self, x):
+        return x if self.group is None else _GatherFromTP.apply(x, self.group)
+
+
+class _Holder(nn.Module):
+    """A module that only holds named parameters (names may be nested with dots)."""
+
+
+def _build(module: nn.Module, names: list[str], model: ModelSpec, w: Workload, specs: dict, prefix: str) -> None:
+    for full in names:
+        path = full[len(prefix):].split(".")
+        node = module
+        for part in path[:-1]:
+            if not hasattr(node, part):
+                node.add_module(part, _Holder())
+            node = getattr(node, part)
+        node.register_parameter(path[-1], nn.Parameter(torch.empty(local_shape(specs[full], w))))
+
+
+class GPTStage(nn.Module):
+    """Layers [w.layer_lo, w.layer_hi) of the model, plus the embedding / head on the ends."""
+
+    def __init__(self, model: ModelSpec, w: Workload, tp: TPGroup) -> None:
+        super().__init__()
+        self.model, self.w, self.tp = model, w, tp
+        self.heads_local = model.heads * (w.slice_hi - w.slice_lo) // w.of
+        self.vocab_lo = model.vocab * w.slice_lo // w.of
+        self.vocab_local = model.vocab * (w.slice_hi - w.slice_lo) // w.of
+        specs = {t.name: t for t in model.tensors()}
+        self.layers = nn.ModuleDict()
+        for layer in range(w.layer_lo, w.layer_hi):
+            block = _Holder()
+            _build(block, [t.name for t in model.layer_tensors(layer)], model, w, specs, f"layers.{layer}.")
+            self.layers[str(layer)] = block
+        if w.first:
+            self.embed = _Holder()
+            _build(self.embed, [t.name for t in model.embed_tensors()], model, w, specs, "embed.")
+        if w.last:
+            self.head = _Holder()
+            _build(self.head, [t.name for t in model.head_tensors()], model, w, specs, "head.")
+
+    def load(self, params: dict[str, torch.Tensor]) -> None:
+        """Adopt the given tensors as parameters, without copying them."""
+        for name, _ in list(self.named_parameters()):
+            owner_name, leaf = name.rsplit(".", 1)
+            self.get_submodule(owner_name).register_parameter(leaf, nn.Parameter(params[name]))
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        wte = self.embed.wte.weight
+        local = ids - self.vocab_lo
+        mask = (local < 0) | (local >= self.vocab_local)
+        x = F.embedding(local.masked_fill(mask, 0), wte).masked_fill(mask.unsqueeze(-1), 0.0)
+        return self.tp.reduce(x) + self.embed.wpe.weight[: ids.shape[1]]
+
+    def block(self, b: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        h = self.model.hidden
+        hd = h // self.model.heads
+        y = self.tp.copy(F.layer_norm(x, (h,), b.ln1.weight, b.ln1.bias))
+        qkv = F.linear(y, b.attn.qkv.weight, b.attn.qkv.bias)
+        bsz, seq = x.shape[:2]
+        q, k, v = qkv.view(bsz, seq, self.heads_local, 3, hd).permute(3, 0, 2, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(bsz, seq, -1)
+        x = x + self.tp.reduce(F.linear(a, b.attn.proj.weight)) + b.attn.proj.bias
+        y = self.tp.copy(F.layer_norm(x, (h,), b.ln2.weight, b.ln2.bias))
+        y = F.gelu(F.linear(y, b.mlp.fc1.weight, b.mlp.fc1.bias))
+        return x + self.tp.reduce(F.linear(y, b.mlp.fc2.weight)) + b.mlp.fc2.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids on the first stage, activations elsewhere; logits (full vocab) on the last."""
+        if self.w.first:
+            x = self.embed_tokens(x)
+        for layer in range(self.w.layer_lo, self.w.layer_hi):
+            x = self.block(self.layers[str(layer)], x)
+        if self.w.last:
+            x = F.layer_norm(x, (self.model.hidden,), self.head.ln_f.weight, self.head.ln_f.bias)
+            x = self.tp.gather(F.linear(self.tp.copy(x), self.head.lm_head.weight))
+        return x

@@ -1,0 +1,136 @@
+"""The reference trainer's step: GPipe over PP stages, TP inside the stage, DP gradient all-reduce.
+
+The global batch and the micro-batch size are fixed for the whole run, so a layout with fewer
+DP replicas accumulates more micro-batches and the mathematics of a step does not change.
+Data is synthetic and a pure function of (seed, step): a run can be repeated exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from migrate.gpt import GPTStage, TPGroup
+from migrate.layout import ModelSpec, ParallelConfig
+from migrate.state import LocalState, rank_workload
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    global_batch: int = 8
+    micro_batch: int = 1
+    seq_len: int = 32
+    lr: float = 1e-3
+    seed: int = 0
+
+
+def batch(model: ModelSpec, tc: TrainConfig, step: int) -> torch.Tensor:
+    """Token ids [global_batch, seq_len + 1] for a step: noisy arithmetic sequences a model can learn."""
+    g = torch.Generator().manual_seed(tc.seed * 7919 + step)
+    start = torch.randint(0, model.vocab, (tc.global_batch, 1), generator=g)
+    stride = torch.randint(1, 7, (tc.global_batch, 1), generator=g)
+    ids = (start + stride * torch.arange(tc.seq_len + 1)) % model.vocab
+    noise = torch.rand(ids.shape, generator=g) < 0.05
+    return torch.where(noise, torch.randint(0, model.vocab, ids.shape, generator=g), ids)
+
+
+class Groups:
+    """Process groups of one layout, created by every process of the world in the same order."""
+
+    def __init__(self, cfg: ParallelConfig, world_rank: list[int], me: int | None) -> None:
+        self.tp = self.dp = None
+        for pp in range(cfg.pp):  # TP groups: same (pp, dp)
+            for dp in range(cfg.dp):
+                ranks = [world_rank[cfg.rank(pp, dp, t)] for t in range(cfg.tp)]
+                g = dist.new_group(ranks) if cfg.tp > 1 else None
+                if me is not None and cfg.coords(me)[:2] == (pp, dp):
+                    self.tp = g
+        for pp in range(cfg.pp):  # DP groups: same (pp, tp)
+            for tp in range(cfg.tp):
+                ranks = [world_rank[cfg.rank(pp, d, tp)] for d in range(cfg.dp)]
+                g = dist.new_group(ranks) if cfg.dp > 1 else None
+                if me is not None and (cfg.coords(me)[0], cfg.coords(me)[2]) == (pp, tp):
+                    self.dp = g
+
+
+class Trainer:
+    """One rank of the layout: its stage module, its Adam, and the step loop."""
+
+    def __init__(self, model: ModelSpec, cfg: ParallelConfig, rank: int, state: LocalState,
+                 world_rank: list[int], groups: Groups, tc: TrainConfig) -> None:
+        self.model, self.cfg, self.rank, self.tc = model, cfg, rank, tc
+        self.world_rank, self.groups = world_rank, groups
+        self.pp, self.dp, self.tp = cfg.coords(rank)
+        self.w = rank_workload(cfg, rank, model.layers, cfg.tp)
+        self.stage = GPTStage(model, self.w, TPGroup(groups.tp))
+        self.stage.load(state.tensors["param"])
+        self.step_no = state.step
+        params = dict(self.stage.named_parameters())
+        self.opt = torch.optim.Adam(params.values(), lr=tc.lr, foreach=False)
+        if "exp_avg" in state.tensors and state.step > 0:
+            for name, p in params.items():
+                self.opt.state[p] = {"step": torch.tensor(float(state.step)),
+                                     "exp_avg": state.tensors["exp_avg"][name],
+                                     "exp_avg_sq": state.tensors["exp_avg_sq"][name]}
+        self._zero_moments = state.tensors if state.step == 0 else None
+
+    def export_state(self) -> LocalState:
+        """The state as the planner sees it: params and Adam moments by tensor name (no copies)."""
+        tensors: dict[str, dict[str, torch.Tensor]] = {"param": {}, "exp_avg": {}, "exp_avg_sq": {}}
+        for name, p in self.stage.named_parameters():
+            tensors["param"][name] = p.data
+            st = self.opt.state.get(p)
+            if st:
+                tensors["exp_avg"][name], tensors["exp_avg_sq"][name] = st["exp_avg"], st["exp_avg_sq"]
+            else:
+                tensors["exp_avg"][name] = self._zero_moments["exp_avg"][name]
+                tensors["exp_avg_sq"][name] = self._zero_moments["exp_avg_sq"][name]
+        return LocalState(tensors, self.step_no)
+
+    def _peer(self, pp: int) -> int:
+        return self.world_rank[self.cfg.rank(pp, self.dp, self.tp)]
+
+    def train_step(self) -> float | None:
+        """One optimizer step over the global batch; the global mean loss on last-stage ranks, else None."""
+        tc, first, last = self.tc, self.w.first, self.w.last
+        data = batch(self.model, tc, self.step_no)
+        per_replica = tc.global_batch // self.cfg.dp
+        mine = data[self.dp * per_replica:(self.dp + 1) * per_replica]
+        tokens_total = tc.global_batch * tc.seq_len
+        act_shape = (tc.micro_batch, tc.seq_len, self.model.hidden)
+        saved, loss_sum = [], torch.zeros(())
+        for mb in mine.split(tc.micro_batch):
+            if first:
+                inp = mb[:, :-1]
+            else:
+                inp = torch.empty(act_shape)
+                dist.recv(inp, src=self._peer(self.pp - 1))
+                inp.requires_grad_(True)
+            out = self.stage(inp)
+            if last:
+                loss = F.cross_entropy(out.reshape(-1, self.model.vocab), mb[:, 1:].reshape(-1),
+                                       reduction="sum") / tokens_total
+                loss_sum = loss_sum + loss.detach()
+                out = loss
+            else:
+                dist.send(out.detach().contiguous(), dst=self._peer(self.pp + 1))
+            saved.append((inp, out))
+        for inp, out in reversed(saved):
+            if last:
+                out.backward()
+            else:
+                grad = torch.empty(act_shape)
+                dist.recv(grad, src=self._peer(self.pp + 1))
+                out.backward(grad)
+            if not first:
+                dist.send(inp.grad.contiguous(), dst=self._peer(self.pp - 1))
+        if self.groups.dp is not None:
+            for p in self.stage.parameters():
+                dist.all_reduce(p.grad, group=self.groups.dp)
+            dist.all_reduce(loss_sum, group=self.groups.dp)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step_no += 1
+        return float(loss_sum) if last else None
