@@ -43,23 +43,27 @@ class _ReduceFromTP(torch.autograd.Function):
 
 
 class _GatherFromTP(torch.autograd.Function):
+    """All-gather along the last dim in TP order (a group numbers its members by sorted world rank)."""
+
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group, ctx.size, ctx.rank = group, dist.get_world_size(group), dist.get_rank(group)
+    def forward(ctx, x, group, slot_of_tp, my_tp):
+        ctx.size, ctx.my_tp = len(slot_of_tp), my_tp
         parts = [torch.empty_like(x) for _ in range(ctx.size)]
         dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=-1)
+        return torch.cat([parts[slot] for slot in slot_of_tp], dim=-1)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None
+        return grad.chunk(ctx.size, dim=-1)[ctx.my_tp].contiguous(), None, None, None
 
 
 class TPGroup:
-    """The TP process group of this rank, or None when tp == 1."""
+    """The TP process group of this rank (None when tp == 1) and its members' world ranks in TP order."""
 
-    def __init__(self, group) -> None:
-        self.group = group
+    def __init__(self, group, world_ranks: list[int] | None = None, my_tp: int = 0) -> None:
+        self.group, self.my_tp = group, my_tp
+        ranks = world_ranks or []
+        self.slot_of_tp = [sorted(ranks).index(r) for r in ranks]
 
     def copy(self, x):
         return x if self.group is None else _CopyToTP.apply(x, self.group)
@@ -68,7 +72,7 @@ class TPGroup:
         return x if self.group is None else _ReduceFromTP.apply(x, self.group)
 
     def gather(self, x):
-        return x if self.group is None else _GatherFromTP.apply(x, self.group)
+        return x if self.group is None else _GatherFromTP.apply(x, self.group, self.slot_of_tp, self.my_tp)
 
 
 class _Holder(nn.Module):

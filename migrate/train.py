@@ -37,22 +37,24 @@ def batch(model: ModelSpec, tc: TrainConfig, step: int) -> torch.Tensor:
 
 
 class Groups:
-    """Process groups of one layout, created by every process of the world in the same order."""
+    """This rank's TP and DP process groups (None when of size 1).
+
+    Only the members create a group (local synchronisation), TP groups before DP groups, so
+    processes outside the layout, or ones that died, are never waited for.
+    """
 
     def __init__(self, cfg: ParallelConfig, world_rank: list[int], me: int | None) -> None:
         self.tp = self.dp = None
-        for pp in range(cfg.pp):  # TP groups: same (pp, dp)
-            for dp in range(cfg.dp):
-                ranks = [world_rank[cfg.rank(pp, dp, t)] for t in range(cfg.tp)]
-                g = dist.new_group(ranks) if cfg.tp > 1 else None
-                if me is not None and cfg.coords(me)[:2] == (pp, dp):
-                    self.tp = g
-        for pp in range(cfg.pp):  # DP groups: same (pp, tp)
-            for tp in range(cfg.tp):
-                ranks = [world_rank[cfg.rank(pp, d, tp)] for d in range(cfg.dp)]
-                g = dist.new_group(ranks) if cfg.dp > 1 else None
-                if me is not None and (cfg.coords(me)[0], cfg.coords(me)[2]) == (pp, tp):
-                    self.dp = g
+        self.tp_ranks: list[int] = []
+        if me is None:
+            return
+        pp, dp, tp = cfg.coords(me)
+        if cfg.tp > 1:
+            self.tp_ranks = [world_rank[cfg.rank(pp, dp, t)] for t in range(cfg.tp)]
+            self.tp = dist.new_group(self.tp_ranks, use_local_synchronization=True)
+        if cfg.dp > 1:
+            self.dp = dist.new_group([world_rank[cfg.rank(pp, d, tp)] for d in range(cfg.dp)],
+                                     use_local_synchronization=True)
 
 
 class Trainer:
@@ -64,7 +66,7 @@ class Trainer:
         self.world_rank, self.groups = world_rank, groups
         self.pp, self.dp, self.tp = cfg.coords(rank)
         self.w = rank_workload(cfg, rank, model.layers, cfg.tp)
-        self.stage = GPTStage(model, self.w, TPGroup(groups.tp))
+        self.stage = GPTStage(model, self.w, TPGroup(groups.tp, groups.tp_ranks, self.tp))
         self.stage.load(state.tensors["param"])
         self.step_no = state.step
         params = dict(self.stage.named_parameters())
