@@ -120,6 +120,8 @@ def _worker(device: int, sc: Scenario, port: int, queue) -> None:
         report.error = str(exc)
         report.state_after = _dump(state) if sc.collect_state else None
         queue.put(report)
+        queue.close()
+        queue.join_thread()  # flush the report before leaving
         os._exit(0)  # the process group is broken by the dead peer; nothing else to tear down
     report.phases = {"plan": t_plan, **result.phases}
     report.peak_bytes, report.steady_bytes, report.bytes_received = result.peak_bytes, result.steady_bytes, result.bytes_received
