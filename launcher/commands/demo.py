@@ -1,0 +1,140 @@
+"""`elastic demo`: an elastic training job on this machine, shrunk and grown while it trains.
+
+Runs the real launcher with the local backend (N simulated nodes of G devices, one worker
+process per device, gloo over loopback): train, shrink to one node, train, grow back, train,
+stop. Every rank map and migration goes to a SQLite database (`elastic dashboard --db ...`
+shows it). For each migration it prints the per-phase timings next to the checkpoint
+baseline: the bytes a save + load round trip would move, and with --measure-baseline the
+measured time of a DCP checkpoint restart of the same relayout.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from launcher.errors import UsageError
+
+DEFAULT_DB = "var/elastic-demo.db"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=2, help="simulated nodes (default 2)")
+    p.add_argument("--gpus-per-node", type=int, default=2, help="devices (worker processes) per node (default 2)")
+    p.add_argument("--layers", type=int, default=4, help="model layers (default 4)")
+    p.add_argument("--hidden", type=int, default=128, help="hidden size (default 128, 2 heads)")
+    p.add_argument("--layouts", default="pp2tp2,pp2,tp2",
+                   help="allowed layouts, as for elastic-launch (default pp2tp2,pp2,tp2; '' lets the policy pick)")
+    p.add_argument("--steps-between", type=int, default=4, help="training steps between changes (default 4)")
+    p.add_argument("--db", default=None, help=f"SQLite path or URL for the records (default {DEFAULT_DB})")
+    p.add_argument("--log-dir", type=Path, default=None, help="worker output (default: a folder next to the database)")
+    p.add_argument("--measure-baseline", action="store_true",
+                   help="also time a DCP checkpoint restart of each relayout (migrate.baselines), if available")
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    v = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if v < 1024 or unit == "GiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return str(n)
+
+
+def _baseline(out, model, port_base: int) -> str:
+    try:
+        from migrate.baselines import run_baseline
+        from migrate.layout import ParallelConfig
+        from migrate.train import TrainConfig
+    except ImportError:
+        return "n/a (migrate.baselines not available)"
+    from launcher.control import free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            res = run_baseline("dcp", model, ParallelConfig.parse(out.from_layout), ParallelConfig.parse(out.to_layout),
+                               tc=TrainConfig(), workdir=Path(tmp), port=free_port())
+        except Exception as exc:  # a measurement, never a reason to fail the demo
+            return f"failed ({type(exc).__name__}: {exc})"
+    total = getattr(res, "total_s", None)
+    if total is None and hasattr(res, "phases"):
+        total = sum(res.phases.values())
+    return f"{total:.2f} s" if total is not None else str(res)
+
+
+def run(args: argparse.Namespace) -> int:
+    from launcher.commands.history import open_store
+    from launcher.launch import Options, Launcher, parse_layouts
+    from launcher.local import LocalNodes
+    from launcher.policy import NoLayoutError, check_node_range
+    from migrate.layout import LayoutError, ModelSpec
+
+    if args.nodes < 2:
+        raise UsageError("--nodes must be at least 2 (the demo shrinks to one node and grows back)")
+    if args.gpus_per_node < 1 or args.steps_between < 1:
+        raise UsageError("--gpus-per-node and --steps-between must be at least 1")
+    try:
+        model = ModelSpec(layers=args.layers, hidden=args.hidden, vocab=1024, seq_len=32)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
+    layouts = parse_layouts(args.layouts)
+    try:
+        check_node_range(1, args.nodes, args.gpus_per_node, layouts, model)
+    except NoLayoutError as exc:
+        raise UsageError(str(exc)) from None
+    db_path = args.db or DEFAULT_DB
+    if "://" not in db_path:
+        Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    store = open_store(db_path, create=True)
+    log_dir = args.log_dir or Path(store.display_url.split("///")[-1]).parent / "demo-logs" \
+        if "sqlite" in store.display_url else Path("var/demo-logs")
+    command = ["python", "-m", "launcher.worker", "--layers", str(args.layers), "--hidden", str(args.hidden),
+               "--vocab", "1024", "--seq-len", "32", "--log-every", "1"]
+    opts = Options(1, args.nodes, args.gpus_per_node, layouts, command, job_name="demo", poll=0.1,
+                   ready_timeout=120, migrate_timeout=120, model=model)
+    backend = LocalNodes(args.nodes, args.gpus_per_node, log_dir=log_dir)
+    k = args.steps_between
+    script = [(k, "shrink"), (2 * k, "grow"), (3 * k, "stop")]
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    launcher = Launcher(opts, backend, store, log=lambda m: say(f"  launcher: {m}"))
+
+    def until(la: Launcher) -> bool:
+        while script and la.max_step() >= script[0][0]:
+            at, what = script.pop(0)
+            if what == "stop":
+                return True
+            say(f"step {la.max_step()}: {what} ({len(la.active)} -> "
+                f"{1 if what == 'shrink' else args.nodes} node(s))")
+            out = la.shrink_to(1, "demo") if what == "shrink" else la.grow_to(args.nodes, "demo")
+            if not out.ok:
+                say(f"  {what} failed: {out.message}")
+        return False
+
+    say(f"elastic demo: {args.nodes} simulated nodes x {args.gpus_per_node} devices, model {args.layers} layers "
+        f"x {args.hidden} hidden; records in {store.display_url}; worker logs in {log_dir}")
+    try:
+        rc = launcher.run(until=until)
+    finally:
+        store.close()
+    migs = [o for o in launcher.outcomes if o.migration_id is not None]
+    say("")
+    say("migration            nodes  at step  plan    groups  execute rebuild other   total   moved      "
+        "checkpoint bit-exact" + ("  measured DCP restart" if args.measure_baseline else ""))
+    for o in migs:
+        ph = o.phases
+        total = sum(ph.values())
+        line = (f"{o.from_layout + '->' + o.to_layout:<20} {o.nodes_before}->{o.nodes_after:<3} {str(o.at_step):>7}  "
+                + "  ".join(f"{ph.get(p, 0):.3f}s" for p in ("plan", "build_groups", "execute", "rebuild", "other"))
+                + f"  {total:.3f}s  {_fmt_bytes(o.bytes_moved):<10} {_fmt_bytes(o.bytes_checkpoint):<10} "
+                f"{'yes' if o.bit_exact else 'NO' if o.ok else 'failed: ' + o.message}")
+        if args.measure_baseline and o.ok:
+            line += "  " + _baseline(o, model, 0)
+        say(line)
+    say("")
+    say("checkpoint = bytes a save + load round trip moves (one replica written, each new rank's share read).")
+    say(f"history: elastic history --db {db_path}    dashboard: elastic dashboard --db {db_path}")
+    ok = rc == 0 and len(migs) >= 2 and all(o.ok for o in migs)
+    return 0 if ok else 1

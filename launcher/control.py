@@ -1,0 +1,155 @@
+"""The control plane: a `torch.distributed.TCPStore` hosted by the launcher, and the keys on it.
+
+Everything the launcher and the workers say to each other goes through these keys:
+
+  model                  the worker's model spec (JSON), offered by every worker, first one wins
+  ready/<dev>            a worker is up and waits for events (JSON: pid, host)
+  step/<dev>             the number of finished steps of a training worker (its heartbeat)
+  ev/<e>                 event e (JSON): start | migrate | stop, posted by the launcher
+  ev/<e>/at              the step boundary at which event e applies, agreed by the workers
+  ev/<e>/res/<dev>       what a participant of event e reports back (JSON)
+
+Events are numbered 0, 1, 2 ... and every worker handles every event in order, so a worker
+started later (on a node the job grows onto) catches up by reading the events it missed.
+
+Step agreement: the launcher never guesses where training is. After each step a worker checks
+(`store.check`, ~30 us) for the next event; the first worker to see it proposes
+`at = its finished steps + 2` with an atomic compare-and-set, and everybody migrates when its
+own finished-step count equals `at`. Ranks of one layout are at most one step apart (every
+step ends with pipeline sends and DP all-reduces they all wait on), and a worker that has not
+seen the event yet finishes at most one more step before its next check, so nobody is past
+`at` when it learns it. Events marked `urgent` (recovery after a failure) apply at once.
+
+Each epoch runs in a fresh process-group world made from a `PrefixStore` on the same TCPStore:
+`m<e>` for the migration (old and new devices), `w<e>` for training on the new layout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+
+import torch.distributed as dist
+
+ENV_STORE = "ELASTIC_STORE"  # host:port of the control plane
+ENV_DEVICE = "ELASTIC_DEVICE"  # this worker's device id (local backend)
+ENV_NODE_INDEX = "ELASTIC_NODE_INDEX"  # index of this worker's node in the job topology (Slurm steps)
+ENV_GPUS_PER_NODE = "ELASTIC_GPUS_PER_NODE"
+ENV_LOCAL_ID = "ELASTIC_LOCAL_ID"  # local task index; Slurm steps use SLURM_LOCALID
+ENV_FIRST_EVENT = "ELASTIC_FIRST_EVENT"  # first event this worker handles
+ENV_NODE = "ELASTIC_NODE"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Control:
+    """One connection to the control-plane store (the launcher's is the server)."""
+
+    def __init__(self, host: str, port: int, *, server: bool = False, timeout_s: float = 300.0) -> None:
+        self.host, self.port = host, port
+        self.store = dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
+                                   timeout=timedelta(seconds=timeout_s))
+        self.port = self.store.port
+
+    @classmethod
+    def from_env(cls, timeout_s: float = 300.0) -> "Control":
+        addr = os.environ.get(ENV_STORE)
+        if not addr or ":" not in addr:
+            raise RuntimeError(f"${ENV_STORE} is not set (host:port of the launcher's control plane); "
+                               "workers are started by elastic-launch")
+        host, port = addr.rsplit(":", 1)
+        return cls(host, int(port), timeout_s=timeout_s)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # -- plain helpers ----------------------------------------------------------------------
+    def has(self, key: str) -> bool:
+        return self.store.check([key])
+
+    def get_json(self, key: str):
+        return json.loads(self.store.get(key).decode())
+
+    def set_json(self, key: str, value) -> None:
+        self.store.set(key, json.dumps(value))
+
+    def _many(self, prefix: str, devices: Iterable[int]) -> dict[int, object]:
+        out = {}
+        for d in devices:
+            key = f"{prefix}{d}"
+            if self.has(key):
+                out[d] = self.get_json(key)
+        return out
+
+    # -- model ------------------------------------------------------------------------------
+    def offer_model(self, spec: dict) -> dict:
+        """Propose the model spec; returns the one in force (the first offered)."""
+        text = json.dumps(spec, sort_keys=True)
+        return json.loads(self.store.compare_set("model", "", text).decode())
+
+    def model(self) -> dict | None:
+        return self.get_json("model") if self.has("model") else None
+
+    # -- membership and heartbeats -----------------------------------------------------------
+    def set_ready(self, device: int, info: dict) -> None:
+        self.set_json(f"ready/{device}", info)
+
+    def ready(self, devices: Iterable[int]) -> dict[int, dict]:
+        return self._many("ready/", devices)  # type: ignore[return-value]
+
+    def set_step(self, device: int, step: int) -> None:
+        self.store.set(f"step/{device}", str(step))
+
+    def steps(self, devices: Iterable[int]) -> dict[int, int]:
+        out = {}
+        for d in devices:
+            if self.has(f"step/{d}"):
+                out[d] = int(self.store.get(f"step/{d}").decode())
+        return out
+
+    # -- events -----------------------------------------------------------------------------
+    def post(self, event: dict) -> None:
+        self.set_json(f"ev/{event['epoch']}", event)
+
+    def event(self, epoch: int) -> dict | None:
+        key = f"ev/{epoch}"
+        return self.get_json(key) if self.has(key) else None
+
+    def wait_event(self, epoch: int, poll_s: float = 0.05) -> dict:
+        while True:
+            ev = self.event(epoch)
+            if ev is not None:
+                return ev
+            time.sleep(poll_s)
+
+    def agree_at(self, epoch: int, finished_steps: int) -> int:
+        """The step boundary of event `epoch`: the first proposal wins (see the module docstring)."""
+        return int(self.store.compare_set(f"ev/{epoch}/at", "", str(finished_steps + 2)).decode())
+
+    def at(self, epoch: int) -> int | None:
+        key = f"ev/{epoch}/at"
+        return int(self.store.get(key).decode()) if self.has(key) else None
+
+    def set_result(self, epoch: int, device: int, result: dict) -> None:
+        self.set_json(f"ev/{epoch}/res/{device}", result)
+
+    def results(self, epoch: int, devices: Iterable[int]) -> dict[int, dict]:
+        return self._many(f"ev/{epoch}/res/", devices)  # type: ignore[return-value]
+
+    # -- process-group worlds ---------------------------------------------------------------
+    def join_world(self, name: str, members: list[int], device: int, timeout_s: float) -> int:
+        """Leave the current world (if any) and join world `name` of `members`; returns my rank in it."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        rank = members.index(device)
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"world/{name}/", self.store), rank=rank,
+                                world_size=len(members), timeout=timedelta(seconds=timeout_s))
+        return rank

@@ -1,0 +1,71 @@
+"""Which parallel layout to run on the devices a job holds: a pure function, no processes.
+
+`choose_layout(devices, gpus_per_node, layouts, model)` returns the layout to use when the job
+holds `devices` devices. With a `layouts` list (the user's `--layouts`, in order of
+preference) it takes the valid listed layout that uses the most devices, ties going to the
+earlier entry. Without a list it searches every PP x TP x DP grid. A layout is valid when it
+fits the devices, TP stays inside a node (tp divides gpus_per_node), layers % pp == 0, and
+heads, ffn and vocab divide by tp.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from migrate.layout import LayoutError, ModelSpec, ParallelConfig
+
+
+class NoLayoutError(LayoutError):
+    """No layout fits the devices: the message says what was tried."""
+
+
+def why_invalid(cfg: ParallelConfig, devices: int, gpus_per_node: int, model: ModelSpec | None) -> str | None:
+    """None when `cfg` can run on `devices` devices, else the reason in words."""
+    if cfg.world_size > devices:
+        return f"{cfg} needs {cfg.world_size} devices, only {devices} left"
+    if gpus_per_node % cfg.tp:
+        return f"{cfg}: tp={cfg.tp} does not fit inside a {gpus_per_node}-GPU node"
+    if model is not None:
+        try:
+            model.check_config(cfg)
+        except LayoutError as exc:
+            return str(exc)
+    return None
+
+
+def candidates(devices: int, gpus_per_node: int, model: ModelSpec | None) -> list[ParallelConfig]:
+    """Every valid layout on at most `devices` devices, most devices first, then less PP, more TP."""
+    out = []
+    for pp in range(1, devices + 1):
+        for tp in range(1, gpus_per_node + 1):
+            for dp in range(1, devices // (pp * tp) + 1):
+                cfg = ParallelConfig(pp=pp, tp=tp, dp=dp)
+                if why_invalid(cfg, devices, gpus_per_node, model) is None:
+                    out.append(cfg)
+    return sorted(out, key=lambda c: (-c.world_size, c.pp, -c.tp))
+
+
+def choose_layout(devices: int, gpus_per_node: int, layouts: Sequence[ParallelConfig] = (),
+                  model: ModelSpec | None = None) -> ParallelConfig:
+    """The layout to run on `devices` devices (see the module docstring); NoLayoutError if none."""
+    if devices < 1:
+        raise NoLayoutError("no devices left to run on")
+    if layouts:
+        valid = [c for c in layouts if why_invalid(c, devices, gpus_per_node, model) is None]
+        if not valid:
+            reasons = "; ".join(why_invalid(c, devices, gpus_per_node, model) or "" for c in layouts)
+            raise NoLayoutError(f"none of the layouts fits {devices} devices ({reasons})")
+        return max(valid, key=lambda c: (c.world_size, -list(layouts).index(c)))
+    found = candidates(devices, gpus_per_node, model)
+    if not found:
+        raise NoLayoutError(f"no PP x TP x DP layout fits {devices} devices with {gpus_per_node} GPUs per node")
+    return found[0]
+
+
+def check_node_range(min_nodes: int, max_nodes: int, gpus_per_node: int, layouts: Sequence[ParallelConfig],
+                     model: ModelSpec | None = None) -> None:
+    """Every node count in [min_nodes, max_nodes] must have a layout (NoLayoutError otherwise)."""
+    for n in range(min_nodes, max_nodes + 1):
+        try:
+            choose_layout(n * gpus_per_node, gpus_per_node, layouts, model)
+        except NoLayoutError as exc:
+            raise NoLayoutError(f"with {n} node(s) x {gpus_per_node} GPUs: {exc}") from None

@@ -1,0 +1,263 @@
+"""`python -m launcher.worker`: one training worker (one device) of an elastic job.
+
+elastic-launch starts one of these per device (through `srun` on Slurm, as local processes
+with the local backend) and drives it through the control plane (see launcher.control):
+
+  * it registers, offers its model spec, and waits for event 0, which says the layout and
+    which devices train; a device outside the layout waits on standby;
+  * a training worker runs the reference trainer (migrate.train) step after step, publishes its
+    step count and, after each step, checks cheaply for the next event;
+  * a migrate event is applied at the step boundary all workers agreed on: the old and new
+    devices form one process-group world, run migrate.executor.execute on the posted plan (the
+    executor verifies checksums: the state is bit-exact or the old layout is kept), then the
+    new layout's devices form a new world and rebuild their trainer; departing workers exit 0;
+  * a stop event ends the worker at the agreed boundary.
+
+torchrun's variables are set for the code of every epoch: RANK, WORLD_SIZE (the epoch's
+training world), LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the control-plane
+store), plus ELASTIC_VIRTUAL_RANK and ELASTIC_LAYOUT.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+
+from launcher import control as C
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.worker",
+        description="Elastic training worker running the reference GPT trainer (migrate.train). Started by "
+                    "elastic-launch, one per device; it reads the control-plane address and its device from "
+                    f"${C.ENV_STORE} and ${C.ENV_DEVICE} (or ${C.ENV_NODE_INDEX} + SLURM_LOCALID on Slurm).",
+        epilog="Example: elastic-launch --nnodes 2:4 --gpus-per-node 4 --layouts pp4tp2,pp2tp2 --db sqlite:///e.db "
+               "-- python -m launcher.worker --layers 24 --hidden 512",
+    )
+    m = p.add_argument_group("model (every worker of a job must give the same)")
+    m.add_argument("--layers", type=int, default=8, help="transformer layers (default 8)")
+    m.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
+    m.add_argument("--heads", type=int, default=0, help="attention heads (default hidden/64)")
+    m.add_argument("--vocab", type=int, default=1024, help="vocabulary size (default 1024)")
+    m.add_argument("--seq-len", type=int, default=32, help="sequence length (default 32)")
+    t = p.add_argument_group("training")
+    t.add_argument("--global-batch", type=int, default=8, help="sequences per step, fixed across layouts (default 8)")
+    t.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    t.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data (default 0)")
+    t.add_argument("--steps", type=int, default=0, help="stop after this many steps (default 0: until the launcher stops the job)")
+    t.add_argument("--step-sleep", type=float, default=0.0, help="sleep this long after each step (demos and tests)")
+    t.add_argument("--collective-timeout", type=float, default=120.0,
+                   help="seconds a collective may wait for a peer before failing (default 120)")
+    t.add_argument("--log-every", type=int, default=1, help="print the loss every N steps (default 1; 0: never)")
+    return p
+
+
+def device_from_env(env=os.environ) -> tuple[int, int, int]:
+    """(device id, local rank, gpus per node) of this worker."""
+    gpn = int(env.get(C.ENV_GPUS_PER_NODE, "1"))
+    local = int(env.get(C.ENV_LOCAL_ID, env.get("SLURM_LOCALID", "0")))
+    if C.ENV_DEVICE in env:
+        return int(env[C.ENV_DEVICE]), local, gpn
+    if C.ENV_NODE_INDEX not in env:
+        raise RuntimeError(f"neither ${C.ENV_DEVICE} nor ${C.ENV_NODE_INDEX} is set: start workers with elastic-launch")
+    return int(env[C.ENV_NODE_INDEX]) * gpn + local, local, gpn
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace, ctl: C.Control, device: int, local: int, gpn: int) -> None:
+        from migrate.layout import ModelSpec
+        from migrate.train import TrainConfig
+
+        self.args, self.ctl, self.device, self.local, self.gpn = args, ctl, device, local, gpn
+        self.model = ModelSpec(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab,
+                               seq_len=args.seq_len)
+        self.tc = TrainConfig(global_batch=args.global_batch, micro_batch=args.micro_batch, seq_len=args.seq_len,
+                              lr=args.lr, seed=args.seed)
+        self.trainer = None
+        self.broken = False  # a collective failed: wait for a recovery event
+        self.epoch = int(os.environ.get(C.ENV_FIRST_EVENT, "0"))
+        self.layout_devices: list[int] = []
+
+    def log(self, msg: str) -> None:
+        print(f"[worker dev{self.device} ev{self.epoch}] {msg}", flush=True)
+
+    # -- epochs -----------------------------------------------------------------------------
+    def _export_env(self, world_rank: int, world_size: int, vrank: int | None, layout: str) -> None:
+        os.environ.update({"RANK": str(world_rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(self.local),
+                           "LOCAL_WORLD_SIZE": str(self.gpn), "MASTER_ADDR": self.ctl.host,
+                           "MASTER_PORT": str(self.ctl.port), "ELASTIC_VIRTUAL_RANK": str(vrank),
+                           "ELASTIC_LAYOUT": layout})
+
+    def _train_on(self, layout: str, devices: list[int], state, world: str) -> float:
+        """Join training world `world` of `devices` (virtual rank order), build the trainer;
+        returns the seconds spent on process groups (the rest is the rebuild)."""
+        from migrate.layout import ParallelConfig
+        from migrate.train import Groups, Trainer
+
+        t0 = time.perf_counter()
+        cfg = ParallelConfig.parse(layout)
+        rank = self.ctl.join_world(world, devices, self.device, self.args.collective_timeout)
+        self._export_env(rank, len(devices), rank, str(cfg))
+        world_rank = list(range(len(devices)))
+        groups = Groups(cfg, world_rank, rank)
+        t1 = time.perf_counter()
+        self.trainer = Trainer(self.model, cfg, rank, state, world_rank, groups, self.tc)
+        self.layout_devices = devices
+        self.broken = False
+        return t1 - t0
+
+    def handle(self, ev: dict) -> bool:
+        """Apply event `ev`; False when this worker is done."""
+        kind = ev["kind"]
+        self.epoch = ev["epoch"] + 1
+        if kind == "stop":
+            self.log("stop")
+            return False
+        if kind == "start":
+            from migrate.layout import ParallelConfig
+            from migrate.state import initial_state
+
+            devices = ev["devices"]
+            if self.device in devices:
+                cfg = ParallelConfig.parse(ev["layout"])
+                rank = devices.index(self.device)
+                self._train_on(ev["layout"], devices, initial_state(self.model, cfg, rank, self.tc.seed), f"w{ev['epoch']}")
+                self.log(f"training as rank {rank} of {cfg}")
+            return True
+        if kind == "migrate":
+            return self._migrate(ev)
+        if kind == "exit":
+            return self.device not in ev["devices"]
+        raise RuntimeError(f"unknown event kind {kind!r}")
+
+    def _migrate(self, ev: dict) -> bool:
+        import torch.distributed as dist
+
+        from migrate.executor import MigrationError, execute
+        from migrate.plan import MigrationPlan
+
+        e, participants = ev["epoch"], ev["participants"]
+        if self.device not in participants:
+            return self.device not in ev["exit_ok"]
+        t0 = time.perf_counter()
+        p = MigrationPlan.from_dict(ev["plan"])
+        state = self.trainer.export_state() if self.trainer is not None else None
+        if self.device in p.failed:
+            state = None
+        self.trainer = None
+        result = {"ok": False, "phases": {}, "error": None, "units_verified": 0}
+        try:
+            self.ctl.join_world(f"m{e}", participants, self.device, self.args.collective_timeout)
+            t1 = time.perf_counter()
+            res = execute(p, self.device, state, world_rank={d: i for i, d in enumerate(participants)})
+            t2 = time.perf_counter()
+            new_devices = list(p.curr.devices)
+            result["units_verified"] = res.units_verified
+            new_state = res.state
+            leave = self.device in ev["exit_ok"] or self.device not in new_devices
+            groups_s = 0.0
+            if not leave:
+                groups_s = self._train_on(str(p.curr.layout), new_devices, new_state, f"w{e}")
+            elif dist.is_initialized():
+                dist.destroy_process_group()
+            t3 = time.perf_counter()
+            result.update(ok=True, step=new_state.step if new_state else None, phases={
+                "build_groups": (t1 - t0) + groups_s, "execute": res.phases.get("execute", t2 - t1),
+                "other": res.phases.get("other", 0.0), "rebuild": (t3 - t2) - groups_s})
+            self.ctl.set_result(e, self.device, result)
+            self.log(f"migrated to {p.curr.layout}" + ("; leaving" if leave else f" as rank {new_devices.index(self.device)}"))
+            return self.device not in ev["exit_ok"]
+        except MigrationError as exc:
+            result["error"] = str(exc)
+            self.log(f"migration failed: {exc}")
+            self.ctl.set_result(e, self.device, result)
+            if self.device in ev.get("exit_fail", []):
+                return False
+            old = [d for d in p.prev.devices if d not in p.failed]
+            if self.device in old and state is not None:
+                self._train_on(str(p.prev.layout), old, state, f"w{e}f")
+            return True
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> int:
+        import torch
+
+        torch.set_num_threads(1)
+        import migrate.executor  # noqa: F401  (import now, not inside the timed phases)
+        import migrate.plan  # noqa: F401
+        import migrate.train  # noqa: F401
+        spec = {k: getattr(self.model, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "dtype",
+                                                      "optimizer")}
+        agreed = self.ctl.offer_model(spec)
+        if agreed != json.loads(json.dumps(spec, sort_keys=True)):
+            print(f"worker dev{self.device}: model {spec} differs from the job's {agreed}; give every worker the "
+                  "same model flags", file=sys.stderr)
+            return 2
+        self.ctl.set_ready(self.device, {"pid": os.getpid(), "host": socket.gethostname()})
+        while True:
+            try:
+                if not self._tick():
+                    return 0
+            except _Broken:
+                continue
+
+    def _tick(self) -> bool:
+        """One step or one event; False when the worker is done."""
+        if self.trainer is None or self.broken:
+            return self.handle(self.ctl.wait_event(self.epoch))
+        ev = self.ctl.event(self.epoch)
+        if ev is not None:
+            if not ev.get("urgent"):
+                at = self.ctl.agree_at(self.epoch, self.trainer.step_no)
+                while self.trainer.step_no < at:
+                    self._step()
+            return self.handle(ev)
+        if self.args.steps and self.trainer.step_no >= self.args.steps:
+            self.log(f"reached --steps {self.args.steps}")
+            return False
+        self._step()
+        return True
+
+    def _step(self) -> None:
+        try:
+            loss = self.trainer.train_step()
+        except Exception as exc:  # a peer died mid-step: keep the state, wait for the launcher
+            self.log(f"step failed ({type(exc).__name__}: {exc}); waiting for recovery")
+            self.broken = True
+            raise _Broken() from exc
+        step = self.trainer.step_no
+        self.ctl.set_step(self.device, step)
+        if loss is not None and self.trainer.dp == 0 and self.trainer.tp == 0 and self.args.log_every \
+                and step % self.args.log_every == 0:
+            self.log(f"step {step} loss {loss:.6f}")
+        if self.args.step_sleep:
+            time.sleep(self.args.step_sleep)
+
+
+class _Broken(Exception):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        device, local, gpn = device_from_env()
+        ctl = C.Control.from_env()
+    except RuntimeError as exc:
+        print(f"launcher.worker: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return Worker(args, ctl, device, local, gpn).run()
+    except Exception:
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
