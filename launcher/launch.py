@@ -37,8 +37,8 @@ SIGNAL_ACTIONS = ("shrink", "suspend", "ignore")
 def parse_nnodes(text: str) -> tuple[int, int]:
     """torchrun's `--nnodes`: N or MIN:MAX."""
     try:
-        lo, _, hi = text.partition(":")
-        lo_n, hi_n = int(lo), int(hi or lo)
+        lo, sep, hi = text.partition(":")
+        lo_n, hi_n = int(lo), int(hi if sep else lo)
     except ValueError:
         raise UsageError(f"--nnodes {text!r}: write N or MIN:MAX, e.g. 2:4") from None
     if lo_n < 1 or hi_n < lo_n:
@@ -619,7 +619,8 @@ def make_backend(args: argparse.Namespace, opts: Options):
     return SlurmNodes(slurm, job_id, opts.gpus_per_node, info=info, log_dir=args.log_dir), str(job_id)
 
 
-def dry_run(opts: Options, backend, out=sys.stdout) -> None:
+def dry_run(opts: Options, backend, out=None) -> None:
+    out = out or sys.stdout
     alloc = backend.allocation()
     nodes = alloc[:opts.max_nodes]
     env = {C.ENV_STORE: f"{opts.master_addr}:PORT", C.ENV_GPUS_PER_NODE: str(opts.gpus_per_node),
@@ -656,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("elastic-launch: interrupted", file=sys.stderr)
         return 130
+    except MigrationFailed as exc:
+        print(f"elastic-launch: cannot start the job: {exc}", file=sys.stderr)
+        return 1
     finally:
         store.close()
 
