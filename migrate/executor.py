@@ -154,9 +154,12 @@ class DeviceExecutor:
 
     def __init__(self, plan: MigrationPlan, device: int, state: LocalState | None,
                  world_rank: Mapping[int, int] | None = None, chunk_bytes: int | None = None,
-                 on_round: Callable[[int], None] | None = None) -> None:
+                 on_round: Callable[[int], None] | None = None, release_early: bool = False) -> None:
         self.plan, self.device, self.old = plan, device, state
         self.on_round = on_round  # fault injection in tests
+        # release_early: drop each old tensor after its last use (lower peak memory, but a failure
+        # half way then leaves this device without its old state)
+        self.release_early = release_early
         self.world_rank = world_rank or {d: d for d in range(len(plan.topology.devices))}
         self.chunk_bytes = chunk_bytes
         model, units = plan.model, plan.units
@@ -180,10 +183,17 @@ class DeviceExecutor:
         new: dict[str, dict[str, torch.Tensor]] = {k: {} for k in model.state_kinds}
         dtype = {k: TORCH_DTYPES[model.dtype] if k == "param" else torch.float32 for k in model.state_kinds}
         mine = [[p for p in r if self.device in (p.src, p.dst)] for r in schedule(self.plan, self.chunk_bytes)]
-        buf_bytes = max((sum(p.nbytes for p in r if p.dst == self.device and p.src != self.device) for r in mine), default=0)
+        buf_bytes = max((sum(p.nbytes for p in r if p.dst == self.device and p.src != self.device
+                             and p.spec.tp_dim == 1) for r in mine), default=0)
         buffer = torch.empty(buf_bytes, dtype=torch.uint8)
         ledger.add(buffer)
         sent = received = 0
+
+        last_use: dict[tuple[str, str], int] = {}
+        for round_no, rnd in enumerate(mine):
+            for p in rnd:
+                if p.src == self.device:
+                    last_use[(p.kind, p.spec.name)] = round_no
 
         def target(p: Piece) -> torch.Tensor:
             t = new[p.kind].get(p.spec.name)
@@ -216,10 +226,13 @@ class DeviceExecutor:
                     sent += p.nbytes
                 else:
                     dst = target(p)
-                    view = buffer[offset:offset + p.nbytes].view(dst.dtype).view(dst.shape)
-                    offset += p.nbytes
-                    ops.append(dist.P2POp(dist.irecv, view, self.world_rank[p.src]))
-                    copies.append((dst, view))
+                    if dst.is_contiguous():  # straight into the new tensor
+                        ops.append(dist.P2POp(dist.irecv, dst, self.world_rank[p.src]))
+                    else:  # a column slice: through the reused buffer
+                        view = buffer[offset:offset + p.nbytes].view(dst.dtype).view(dst.shape)
+                        offset += p.nbytes
+                        ops.append(dist.P2POp(dist.irecv, view, self.world_rank[p.src]))
+                        copies.append((dst, view))
                     received += p.nbytes
             if ops:
                 for req in dist.batch_isend_irecv(ops):
@@ -228,6 +241,13 @@ class DeviceExecutor:
                 dst.copy_(view)
             for t in temps:
                 ledger.drop(t)
+            if self.release_early:
+                for (kind, name), last in list(last_use.items()):
+                    if last == round_no:
+                        t = self.old.tensors[kind].pop(name)
+                        if new[kind].get(name) is not t:
+                            ledger.drop(t)
+                        del t
         ledger.drop(buffer)
         del buffer
         state = None
@@ -260,7 +280,7 @@ def unit_checksums(model: ModelSpec, state: LocalState, w: Workload, units: int)
 
 def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_rank: Mapping[int, int] | None = None,
             chunk_bytes: int | None = None, verify: bool = True, group=None,
-            on_round: Callable[[int], None] | None = None) -> ExecResult:
+            on_round: Callable[[int], None] | None = None, release_early: bool = False) -> ExecResult:
     """Run this device's part of `plan` and verify the result; all devices of the plan must call it.
 
     Returns the new state (None on a device that leaves). Raises MigrationError on any failure
@@ -270,7 +290,7 @@ def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_ra
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     try:
-        ex = DeviceExecutor(plan, device, state, world_rank, chunk_bytes, on_round)
+        ex = DeviceExecutor(plan, device, state, world_rank, chunk_bytes, on_round, release_early)
         before: dict = {}
         if verify and ex.old_w is not None:
             before = unit_checksums(model, state, ex.old_w, units)
@@ -288,8 +308,9 @@ def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_ra
         ok, reason, result, before, after, step = False, str(exc), None, {}, {}, None
         t2 = time.perf_counter()
     except Exception as exc:  # a dead peer shows up here as a gloo error
-        raise MigrationError(f"device {device}: transfer failed ({type(exc).__name__}: {exc}); "
-                             "old layout kept") from exc
+        kept = ("old state partially released (release_early): recover it from replicas or a checkpoint"
+                if release_early else "old layout kept")
+        raise MigrationError(f"device {device}: transfer failed ({type(exc).__name__}: {exc}); {kept}") from exc
     # one exchange carries the checksums, the step and every device's vote
     gathered: list = [None] * dist.get_world_size(group)
     try:

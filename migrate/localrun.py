@@ -40,6 +40,7 @@ class Scenario:
     collect_state: bool = False
     chunk_bytes: int | None = None  # None: the executor's automatic round size
     timeout_s: float = 60.0
+    release_early: bool = False  # trade the old layout's safety for a lower peak memory
 
     @property
     def world(self) -> int:
@@ -114,8 +115,11 @@ def _worker(device: int, sc: Scenario, port: int, queue) -> None:
         def hook(round_no: int) -> None:
             if round_no >= sc.kill_after_rounds:
                 os._exit(17)
+    if sc.release_early:
+        trainer = None  # the executor must hold the only references for old tensors to be freed
     try:
-        result = execute(p, device, state, chunk_bytes=sc.chunk_bytes, group=mig_group, on_round=hook)
+        result = execute(p, device, state, chunk_bytes=sc.chunk_bytes, group=mig_group, on_round=hook,
+                         release_early=sc.release_early)
     except MigrationError as exc:
         report.error = str(exc)
         report.state_after = _dump(state) if sc.collect_state else None
