@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Everything the test suite needs beyond Python packages: Slurm 22.05 (+ munge, slurmdbd, MariaDB)
+# for the real-cluster tests, and Debian's Chromium + Playwright for the browser tests.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$ROOT/scripts/install-slurm.sh"
+"$ROOT/scripts/install-browser.sh"
