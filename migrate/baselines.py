@@ -161,12 +161,18 @@ def _fs_of(path: Path) -> str:
 # Worker side
 
 
-def _init_world(rank: int, cfg: ParallelConfig, port: int) -> None:
+def _init_world(rank: int, cfg: ParallelConfig, port: int, world: str) -> None:
+    """Join the gloo world `world` through the launcher's store (as torchrun's agent hosts one).
+
+    Re-binding the same port for the second world failed now and then with EADDRINUSE while
+    the first world's store socket lingered; one store in the launcher, with a key prefix per
+    world, cannot collide with itself.
+    """
     # One process per "device" on a machine with fewer cores: one intra-op thread each, or the
     # processes fight over the cores and every phase measures oversubscription instead.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.world_size))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=cfg.world_size)
+    store = dist.PrefixStore(f"{world}/", dist.TCPStore("127.0.0.1", port, is_master=False))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=cfg.world_size)
 
 
 def _sub_mesh(cfg: ParallelConfig):
@@ -196,7 +202,7 @@ def _as_dtensors(state: dict[str, dict[str, torch.Tensor]], model: ModelSpec, me
 def _old_worker(rank: int, kind: str, model: ModelSpec, cfg: ParallelConfig, tc: TrainConfig,
                 steps_before: int, ckpt: str, port: int, units: int, q) -> None:
     """Train, then write the checkpoint inside a barrier-to-barrier timed region; hash outside it."""
-    _init_world(rank, cfg, port)
+    _init_world(rank, cfg, port, "old")
     world = list(range(cfg.world_size))
     trainer = Trainer(model, cfg, rank, initial_state(model, cfg, rank, tc.seed), world, Groups(cfg, world, rank), tc)
     for _ in range(steps_before):
@@ -228,7 +234,7 @@ def _new_worker(rank: int, kind: str, model: ModelSpec, cfg: ParallelConfig, tc:
                 src: str, port: int, units: int, corrupt: tuple[str, str] | None, q) -> None:
     """Restart (init + model build), then a barrier-to-barrier timed load and install."""
     t_enter = time.monotonic()
-    _init_world(rank, cfg, port)
+    _init_world(rank, cfg, port, "new")
     t_pg = time.monotonic()
     world = list(range(cfg.world_size))
     trainer = Trainer(model, cfg, rank, initial_state(model, cfg, rank, tc.seed), world, Groups(cfg, world, rank), tc)
@@ -364,8 +370,7 @@ def run_baseline(kind: BaselineKind, model: ModelSpec, prev: ParallelConfig, cur
                  corrupt: tuple[str, str] | None = None) -> BaselineResult:
     """Relayout `prev` -> `curr` by checkpoint and restart, with real processes, timed per phase.
 
-    `port` serves both worlds' TCP rendezvous in turn (the old world has exited before the new
-    one starts). Files go under `workdir/<kind>/`, which is emptied first. `corrupt=(kind, name)`
+    `port` is the TCP store this process hosts for both worlds' rendezvous. Files go under `workdir/<kind>/`, which is emptied first. `corrupt=(kind, name)`
     is fault injection for tests: after the load, the new ranks flip one bit of that tensor,
     which verification must catch.
     """
@@ -383,6 +388,7 @@ def run_baseline(kind: BaselineKind, model: ModelSpec, prev: ParallelConfig, cur
     ckpt.mkdir(parents=True)
     units = _units(prev, curr)
     ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # noqa: F841 (kept alive)
 
     q = ctx.Queue()
     old = _run_world(_old_worker, prev.world_size, (kind, model, prev, tc, steps_before, str(ckpt), port, units, q), q)

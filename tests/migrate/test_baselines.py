@@ -38,12 +38,10 @@ def check_timings(r: BaselineResult) -> None:
     assert r.bytes_written > MODEL.state_bytes // 2
 
 
-@pytest.mark.parametrize("kind,prev,curr", [
-    ("torch_save", "pp2", "pp1"),
-    ("dcp", "pp2tp1", "pp1tp2"),
-])
-def test_bit_exact_after_relayout(kind: str, prev: str, curr: str, tmp_path: Path) -> None:
-    r = run(kind, prev, curr, tmp_path)
+@pytest.mark.parametrize("kind", ["torch_save", "dcp"])
+def test_bit_exact_after_relayout(kind: str, tmp_path: Path) -> None:
+    """PP2 -> TP2 changes both dimensions at once: layers regroup and every sharded tensor is re-split."""
+    r = run(kind, "pp2tp1", "pp1tp2", tmp_path)
     assert r.kind == kind
     assert r.bit_exact, r.notes
     check_timings(r)
@@ -53,12 +51,12 @@ def test_bit_exact_after_relayout(kind: str, prev: str, curr: str, tmp_path: Pat
         assert r.bytes_written < MODEL.state_bytes * 1.3
 
 
-def test_tp_change_and_corruption_detected(tmp_path: Path) -> None:
-    """TP2 -> TP1 through torch_save is exact; one flipped bit of an Adam moment is not."""
-    r = run("torch_save", "tp2", "tp1", tmp_path)
-    assert r.bit_exact, r.notes
-    check_timings(r)
-    bad = run("dcp", "tp2", "tp1", tmp_path, corrupt=("exp_avg", "layers.1.mlp.fc1.weight"))
+def test_corruption_detected(tmp_path: Path) -> None:
+    """One flipped bit of one Adam moment after the load makes the run not bit-exact.
+
+    One process per world: this tests the check, not the reshard, and the machine is shared.
+    """
+    bad = run("dcp", "pp1", "pp1", tmp_path, corrupt=("exp_avg", "layers.1.mlp.fc1.weight"))
     assert not bad.bit_exact
     assert "exp_avg layers.1.mlp.fc1.weight unit" in bad.notes
 
