@@ -301,6 +301,7 @@ class Launcher:
     # -- one migration ------------------------------------------------------------------------
     def migrate_to(self, target: list[str], trigger: str, failed: Sequence[int] = ()) -> Outcome:
         """Move the job onto the nodes `target` (pinned node included) with the next layout."""
+        from migrate.instructions import LostStateError
         from migrate.layout import LayoutError
         from migrate.plan import plan
         from migrate.topology import Topology
@@ -322,7 +323,7 @@ class Launcher:
             stray = sorted({self.topology.devices[d].node for d in p.curr.devices} - set(target))
             if stray:
                 raise LayoutError(f"the planner placed ranks on {stray}, outside the target nodes {target}")
-        except LayoutError as exc:
+        except (LayoutError, LostStateError) as exc:
             out.message = f"no plan: {exc}"
             self._record_failed(out, trigger, str(layout) if "layout" in locals() else "?", {}, out.message)
             return out
@@ -372,7 +373,8 @@ class Launcher:
             self._reap(n)
         error = None
         if leaving:
-            keep = [n for n in self.alloc if n in self.handles or n == self.backend.batch_node]
+            gone = self.gone
+            keep = [n for n in self.alloc if n not in leaving and n not in gone]
             try:
                 self.backend.release(keep)
                 for n in leaving:
@@ -535,8 +537,10 @@ class Launcher:
             dead = {d: rc for d, rc in exited.items() if rc != 0}
             out = self.on_failure(dead)
             if not out.ok:
-                self.log(f"cannot recover: {out.message}; stopping")
-                self.stop()
+                self.log(f"cannot recover: {out.message}; stopping the job")
+                for n in list(self.handles):
+                    self.handles.pop(n).kill()
+                self.stopped = True
                 self.db.set_job_state(self.job_id, "failed")
                 return False
             return True

@@ -1,0 +1,93 @@
+"""The launcher end to end with the local backend: real worker processes on this machine, real
+migrations, requests written by `elastic resize`/`elastic preempt`, records read back from SQLite."""
+from __future__ import annotations
+
+import pytest
+
+from db import Store
+from launcher.cli import main as elastic
+from launcher.launch import Launcher, Options
+from launcher.local import LocalNodes
+from migrate.layout import ParallelConfig
+
+WORKER = ["python", "-m", "launcher.worker", "--layers", "4", "--hidden", "128", "--vocab", "512", "--log-every", "0"]
+
+
+def run_job(tmp_path, script, nodes=2, gpn=2, layouts="pp2tp2,pp2", min_nodes=1, max_steps=300):
+    """Run a job; `script` is [(steps, fn(launcher, db_url))]: each fn runs once the job has trained
+    `steps` more steps since the previous action was carried out; then the job is stopped."""
+    url = f"sqlite:///{tmp_path}/e.db"
+    store = Store(url)
+    opts = Options(min_nodes, nodes, gpn, [ParallelConfig.parse(x) for x in layouts.split(",")], WORKER,
+                   job_name="t", poll=0.1, ready_timeout=120, migrate_timeout=120)
+    la = Launcher(opts, LocalNodes(nodes, gpn, log_dir=tmp_path / "logs"), store)
+    todo = list(script) + [(2, None)]
+    mark = [0]
+
+    def until(la: Launcher) -> bool:
+        step = la.max_step()
+        assert step < max_steps, f"script stuck at step {step}; outcomes {la.outcomes}"
+        if la.db.pending_requests(la.job_id):
+            return False  # let the launcher carry it out first
+        if step >= mark[0] + todo[0][0]:
+            _k, fn = todo.pop(0)
+            if fn is None:
+                return True
+            fn(la, url)
+            mark[0] = la.max_step()
+        return False
+
+    rc = la.run(until=until)
+    return rc, la, store, url
+
+
+def test_resize_requests_shrink_and_grow_with_bit_exact_records(tmp_path, capsys):
+    def shrink(la, url):
+        assert elastic(["resize", "t", "--nodes", "1", "--db", url]) == 0
+
+    def grow(la, url):
+        # the launcher carried out the shrink before this step was reached; wait for it then grow
+        assert elastic(["resize", "t", "--nodes", "2", "--db", url]) == 0
+
+    rc, la, store, url = run_job(tmp_path, [(3, shrink), (3, grow)])
+    assert rc == 0, [o.message for o in la.outcomes]
+    oks = [o for o in la.outcomes if o.migration_id]
+    assert [(o.from_layout, o.to_layout, o.ok) for o in oks] == [
+        ("pp2tp2dp1", "pp2tp1dp1", True), ("pp2tp1dp1", "pp2tp2dp1", True)]
+    job = store.find_job("t")
+    assert job.state == "finished"
+    maps = store.rank_maps(job.id)
+    assert [m.layout for m in maps] == ["pp2tp2dp1", "pp2tp1dp1", "pp2tp2dp1"]
+    assert {e.node for e in maps[1].entries} == {"node0"}
+    assert {e.node for e in maps[2].entries} == {"node0", "node1"}
+    migs = store.recent_migrations(job.id, limit=10)
+    assert len(migs) == 2
+    for m in migs:
+        assert m.status == "succeeded" and m.trigger == "resize" and m.bit_exact is True
+        assert set(m.phases) == {"plan", "build_groups", "execute", "rebuild", "other"}
+        assert m.bytes_moved > 0 and m.bytes_checkpoint > m.bytes_moved
+    reqs = store.list_requests(job.id)
+    assert [r.status for r in reqs] == ["done", "done"]
+    nodes = {n.name: n.state for n in store.list_nodes(job.id)}
+    assert nodes["node0"] == "active"
+    # every worker exited cleanly
+    assert not la.handles
+
+
+def test_preempt_of_the_batch_node_is_refused_and_a_dead_worker_is_recorded(tmp_path):
+    def preempt_batch(la, url):
+        job = la.db.get_job(la.job_id)
+        la.db.add_request(job.id, "preempt", {"nodes": ["node0"]}, "tester")
+
+    def kill(la, url):
+        la.handles["node1"].kill_device(3)
+
+    rc, la, store, url = run_job(tmp_path, [(2, preempt_batch), (4, kill)], layouts="pp2tp2,pp2")
+    job = store.find_job("t")
+    reqs = store.list_requests(job.id)
+    assert reqs[0].status == "failed" and "batch step" in reqs[0].message
+    # pp2tp2 has no replicas: losing device 3 cannot be recovered, and that is recorded
+    migs = store.recent_migrations(job.id, limit=10)
+    assert migs and migs[0].trigger == "failure" and migs[0].status == "failed" and migs[0].error
+    assert store.list_nodes(job.id)[1].state == "failed"
+    assert rc == 1 and job.state == "failed"
