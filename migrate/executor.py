@@ -160,6 +160,9 @@ class DeviceExecutor:
         # release_early: drop each old tensor after its last use (lower peak memory, but a failure
         # half way then leaves this device without its old state)
         self.release_early = release_early
+        # gloo moves CPU tensors, NCCL moves GPU tensors: new state lives where the backend sends from
+        self.torch_device = torch.device("cuda", torch.cuda.current_device()) \
+            if dist.is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu")
         self.world_rank = world_rank or {d: d for d in range(len(plan.topology.devices))}
         self.chunk_bytes = chunk_bytes
         model, units = plan.model, plan.units
@@ -185,7 +188,7 @@ class DeviceExecutor:
         mine = [[p for p in r if self.device in (p.src, p.dst)] for r in schedule(self.plan, self.chunk_bytes)]
         buf_bytes = max((sum(p.nbytes for p in r if p.dst == self.device and p.src != self.device
                              and p.spec.tp_dim == 1) for r in mine), default=0)
-        buffer = torch.empty(buf_bytes, dtype=torch.uint8)
+        buffer = torch.empty(buf_bytes, dtype=torch.uint8, device=self.torch_device)
         ledger.add(buffer)
         sent = received = 0
 
@@ -198,7 +201,7 @@ class DeviceExecutor:
         def target(p: Piece) -> torch.Tensor:
             t = new[p.kind].get(p.spec.name)
             if t is None:
-                t = torch.empty(local_shape(p.spec, self.new_w), dtype=dtype[p.kind])
+                t = torch.empty(local_shape(p.spec, self.new_w), dtype=dtype[p.kind], device=self.torch_device)
                 new[p.kind][p.spec.name] = t
                 ledger.add(t)
             return _view(t, p.spec, self.new_w, p.lo, p.hi, units)[p.row_lo:p.row_hi]
@@ -261,6 +264,10 @@ class DeviceExecutor:
         return ExecResult(state, {}, sent, received, ledger.peak, max(old_bytes, new_bytes))
 
 
+def _digest(t: torch.Tensor) -> int:
+    return xxhash.xxh3_64_intdigest(t.contiguous().cpu().view(torch.uint8).numpy())
+
+
 def unit_checksums(model: ModelSpec, state: LocalState, w: Workload, units: int) -> dict[tuple[str, str, int], int]:
     """xxh3 of every (tensor, kind, slice unit) a device holds; replicated tensors are unit -1."""
     out: dict[tuple[str, str, int], int] = {}
@@ -268,13 +275,12 @@ def unit_checksums(model: ModelSpec, state: LocalState, w: Workload, units: int)
         for kind, per in state.tensors.items():
             t = per[spec.name]
             if spec.tp_dim is None:
-                out[(spec.name, kind, -1)] = xxhash.xxh3_64_intdigest(t.contiguous().view(torch.uint8).numpy())
+                out[(spec.name, kind, -1)] = _digest(t)
                 continue
             lo = w.slice_lo * units // w.of
             hi = w.slice_hi * units // w.of
             for k in range(lo, hi):
-                piece = _view(t, spec, w, k, k + 1, units).contiguous()
-                out[(spec.name, kind, k)] = xxhash.xxh3_64_intdigest(piece.view(torch.uint8).numpy())
+                out[(spec.name, kind, k)] = _digest(_view(t, spec, w, k, k + 1, units))
     return out
 
 
