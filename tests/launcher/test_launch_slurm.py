@@ -33,8 +33,8 @@ def test_shrink_by_resize_then_usr1_suspends(slurm_testbed, tmp_path):
     slurm = SlurmCommands(env=env)
     url = f"sqlite:///{tmp_path}/e.db"
     script = f"""#!/bin/bash
-#SBATCH --nodes=4 --ntasks-per-node=2 --gres=gpu:2 --job-name=elastic-it --output={tmp_path}/batch.out --chdir={ROOT}
-export PYTHONPATH={ROOT}
+#SBATCH --nodes=4 --ntasks-per-node=2 --gres=gpu:2 --job-name=elastic-it --output={tmp_path}/batch.out --chdir={tmp_path}
+export PYTHONPATH={ROOT}  # scontrol update writes slurm_job_N_resize.* into the cwd: keep them in tmp
 exec {sys.executable} -m launcher.launch --nnodes 2:4 --gpus-per-node 2 --layouts pp4tp2,pp2tp2 \\
     --on-signal suspend --db {url} --log-dir {tmp_path}/logs \\
     -- python -m launcher.worker --layers 4 --hidden 128 --vocab 512 --step-sleep 0.05 --log-every 0
