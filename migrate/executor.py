@@ -310,8 +310,9 @@ def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_ra
         else:
             after = {}
         step = state.step if state is not None else None
+        meta = state.meta if state is not None else None
     except MigrationError as exc:
-        ok, reason, result, before, after, step = False, str(exc), None, {}, {}, None
+        ok, reason, result, before, after, step, meta = False, str(exc), None, {}, {}, None, None
         t2 = time.perf_counter()
     except Exception as exc:  # a dead peer shows up here as a gloo error
         kept = ("old state partially released (release_early): recover it from replicas or a checkpoint"
@@ -320,16 +321,18 @@ def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_ra
     # one exchange carries the checksums, the step and every device's vote
     gathered: list = [None] * dist.get_world_size(group)
     try:
-        dist.all_gather_object(gathered, (device, ok, reason, before, step), group=group)
+        dist.all_gather_object(gathered, (device, ok, reason, before, step, meta), group=group)
     except Exception as exc:
         raise MigrationError(f"device {device}: lost contact during the commit vote ({exc}); old layout kept") from exc
-    failures = [f"device {d}: {r}" for d, good, r, _b, _s in gathered if not good]
-    steps = {s for *_x, s in gathered if s is not None}
+    failures = [f"device {d}: {r}" for d, good, r, _b, _s, _m in gathered if not good]
+    steps = {s for _d, _g, _r, _b, s, _m in gathered if s is not None}
+    # run-wide metadata (RNG state, data position) travels from the lowest old device to joiners
+    metas = [m for _d, _g, _r, _b, _s, m in sorted(gathered, key=lambda g: g[0]) if m is not None]
     if len(steps) > 1:
         failures.append(f"old ranks are at different steps {sorted(steps)}")
     if verify:
         expected: dict = {}
-        for d, _good, _r, b, _s in gathered:
+        for d, _good, _r, b, _s, _m in gathered:
             for key, h in b.items():
                 if expected.setdefault(key, h) != h:
                     failures.append(f"replicas disagree on {key[0]} {key[1]} unit {key[2]} before migrating")
@@ -345,6 +348,8 @@ def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_ra
     phases["other"] = time.perf_counter() - t0 - phases["execute"]
     if result.state is not None:
         result.state.step = steps.pop() if steps else 0
+        if not result.state.meta and metas:
+            result.state.meta = dict(metas[0])
     result.phases = phases
     result.units_verified = len(after)
     return result

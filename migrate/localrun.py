@@ -83,6 +83,15 @@ def load_state(blob: bytes) -> LocalState:
     return LocalState(d["tensors"], d["step"])
 
 
+def warm_up() -> None:
+    """What a joining worker does while it waits: pay the one-time lazy imports of building a model
+    and an optimizer before the migration, not inside it."""
+    p = torch.nn.Parameter(torch.zeros(1, 1, 2, 4))
+    opt = torch.optim.Adam([p], foreach=False)
+    torch.nn.functional.scaled_dot_product_attention(p, p, p, is_causal=True).sum().backward()
+    opt.step()
+
+
 def _worker(device: int, sc: Scenario, port: int, queue) -> None:
     from datetime import timedelta
 
@@ -98,6 +107,8 @@ def _worker(device: int, sc: Scenario, port: int, queue) -> None:
         trainer = Trainer(sc.model, sc.prev, old_rank, initial_state(sc.model, sc.prev, old_rank, sc.tc.seed),
                           old_world, groups, sc.tc)
         report.losses_before = [trainer.train_step() for _ in range(sc.steps_before)]
+    else:
+        warm_up()
     survivors = [d for d in range(sc.world) if d not in sc.failed]
     mig_group = dist.new_group(survivors)
     if device in sc.failed:  # this device "fails": it leaves without taking part
@@ -165,7 +176,8 @@ def run_scenario(sc: Scenario, timeout_s: float = 600.0) -> list[DeviceReport]:
         try:
             r = queue.get(timeout=min(left, 5.0))
         except Exception:
-            if all(not p.is_alive() for p in procs):
+            crashed = [d for d, p in enumerate(procs) if p.exitcode not in (None, 0) and d != sc.kill_device]
+            if crashed or all(not p.is_alive() for p in procs):
                 break
             continue
         reports[r.device] = r

@@ -77,6 +77,8 @@ class Trainer:
                                      "exp_avg": state.tensors["exp_avg"][name],
                                      "exp_avg_sq": state.tensors["exp_avg_sq"][name]}
         self._zero_moments = state.tensors if state.step == 0 else None
+        if "rng" in state.meta:
+            torch.set_rng_state(state.meta["rng"])
 
     def export_state(self) -> LocalState:
         """The state as the planner sees it: params and Adam moments by tensor name (no copies)."""
@@ -89,7 +91,8 @@ class Trainer:
             else:
                 tensors["exp_avg"][name] = self._zero_moments["exp_avg"][name]
                 tensors["exp_avg_sq"][name] = self._zero_moments["exp_avg_sq"][name]
-        return LocalState(tensors, self.step_no)
+        return LocalState(tensors, self.step_no, {"rng": torch.get_rng_state(), "seed": self.tc.seed,
+                                                  "data_step": self.step_no})
 
     def _peer(self, pp: int) -> int:
         return self.world_rank[self.cfg.rank(pp, self.dp, self.tp)]
