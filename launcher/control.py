@@ -20,6 +20,13 @@ step ends with pipeline sends and DP all-reduces they all wait on), and a worker
 seen the event yet finishes at most one more step before its next check, so nobody is past
 `at` when it learns it. Events marked `urgent` (recovery after a failure) apply at once.
 
+Consistent cuts: a worker may die at any instant, so nothing that changes state is applied by
+some survivors and not others. Each optimizer step commits through `decide("c/<world>/<step>")`
+(all ranks vote after their gradients are reduced; the last vote or a veto wins one atomic
+compare-and-set on the store) and each migration through `decide("ev/<e>/commit")`. A failed
+step sets `abort/<world>`; the launcher sets it too when it sees a worker process end. So the
+survivors of a failure all hold the state of the same finished step.
+
 Each epoch runs in a fresh process-group world made from a `PrefixStore` on the same TCPStore:
 `m<e>` for the migration (old and new devices), `w<e>` for training on the new layout.
 """
@@ -143,6 +150,32 @@ class Control:
 
     def results(self, epoch: int, devices: Iterable[int]) -> dict[int, dict]:
         return self._many(f"ev/{epoch}/res/", devices)  # type: ignore[return-value]
+
+    # -- all-or-nothing decisions (consistent cuts) ---------------------------------------------
+    def decide(self, key: str, n: int, abort_key: str | None = None, poll_s: float = 0.05) -> bool:
+        """Vote yes on decision `key` among `n` voters; True when all n voted yes (commit), False
+        when somebody vetoed (`veto`) or `abort_key` appeared first. The outcome is the same for
+        every voter: the last yes-voter and any vetoer race with one atomic compare-and-set."""
+        if self.store.add(f"{key}/n", 1) >= n:
+            return self._settle(key, "go")
+        while True:
+            try:
+                self.store.wait([key], timedelta(seconds=poll_s))
+                return self.store.get(key).decode() == "go"
+            except Exception:  # timed out: is the round being abandoned?
+                if abort_key is not None and self.has(abort_key):
+                    return self._settle(key, "no")
+
+    def veto(self, key: str) -> bool:
+        """Stop decision `key` from committing; True if it had committed already (too late)."""
+        return self._settle(key, "no")
+
+    def _settle(self, key: str, value: str) -> bool:
+        return self.store.compare_set(key, "", value).decode() == "go"
+
+    def abort_world(self, world: str) -> None:
+        """Tell the members of training world `world` to abandon their current step."""
+        self.store.set(f"abort/{world}", "1")
 
     # -- process-group worlds ---------------------------------------------------------------
     def join_world(self, name: str, members: list[int], device: int, timeout_s: float) -> int:

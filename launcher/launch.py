@@ -222,6 +222,7 @@ class Launcher:
         self.outcomes: list[Outcome] = []
         self.stopped = False
         self.suspended = False
+        self.world = "w0"  # the process-group world the current layout trains in
 
     # -- helpers ----------------------------------------------------------------------------
     def node_devices(self, node: str) -> list[int]:
@@ -347,6 +348,9 @@ class Launcher:
             self.log(f"event {e}: {out.from_layout} -> {out.to_layout} on {','.join(target)} ({trigger})")
             results = self._wait_results(e, participants)
             out.at_step = self.ctl.at(e)
+            if urgent:
+                steps = {r["step"] for r in results.values() if r.get("ok") and r.get("step") is not None}
+                out.at_step = min(steps) if steps else None
         except MigrationFailed as exc:
             for n in new_nodes:
                 if n in self.handles:
@@ -354,6 +358,7 @@ class Launcher:
             out.message = str(exc)
             self.db.finish_migration(mid, "failed", p.bytes_moved, p.bytes_checkpoint, None, phases, error=out.message)
             self.outcomes.append(out)
+            self._resume_old(failed)
             return out
         bad = {d: r["error"] for d, r in results.items() if not r["ok"]}
         for name in ("build_groups", "execute", "rebuild", "other"):
@@ -365,9 +370,11 @@ class Launcher:
             for n in new_nodes:
                 self.handles.pop(n).kill()
             self.outcomes.append(out)
+            self._resume_old(failed)
             return out
         # committed: the new layout trains; the departing workers exit, then their nodes go back
         self.current = p.curr
+        self.world = f"w{e}"
         self.db.record_rank_map(self.job_id, e, out.to_layout, self._entries(p.curr))
         for n in leaving:
             self._reap(n)
@@ -402,6 +409,21 @@ class Launcher:
         self.log(f"{trigger}: {error}")
         self.outcomes.append(out)
 
+    def _resume_old(self, failed: Sequence[int]) -> None:
+        """A migration did not commit: every participant kept its old state. When no worker of the old
+        layout died, they train on again in a fresh world (event `resume`); otherwise the dead workers
+        are found by the next poll and recovered from (on_failure)."""
+        if failed or self._dead():
+            return
+        self.epoch += 1
+        self.world = f"w{self.epoch}"
+        self.ctl.post({"epoch": self.epoch, "kind": "resume", "layout": str(self.current.layout),
+                       "devices": list(self.current.devices)})
+        self.log(f"event {self.epoch}: resume {self.current.layout} on its old devices")
+
+    def _dead(self) -> dict[int, int]:
+        return {d: rc for h in self.handles.values() for d, rc in h.exited().items() if rc != 0}
+
     def _wait_results(self, e: int, participants: list[int]) -> dict[int, dict]:
         deadline = time.monotonic() + self.opts.migrate_timeout
         while True:
@@ -410,10 +432,19 @@ class Launcher:
                 return res
             dead = {d: rc for h in self.handles.values() for d, rc in h.exited().items()
                     if d in participants and d not in res}
+            late = time.monotonic() > deadline
+            if dead or late:
+                # veto the commit; if every participant had voted yes already, the new layout stands
+                if self.ctl.veto(f"ev/{e}/commit"):
+                    alive = [d for d in participants if d not in dead]
+                    while len(self.ctl.results(e, alive)) < len(alive) and time.monotonic() < deadline + 60:
+                        time.sleep(0.05)
+                    self.log(f"workers {sorted(dead)} died after the migration committed; new layout kept")
+                    return self.ctl.results(e, alive)
             if dead:
                 raise MigrationFailed(f"workers {sorted(dead)} exited during the migration (exit codes "
                                       f"{sorted(set(dead.values()))}); old layout kept")
-            if time.monotonic() > deadline:
+            if late:
                 raise MigrationFailed(f"no result from devices {sorted(set(participants) - set(res))} within "
                                       f"{self.opts.migrate_timeout:.0f} s")
             time.sleep(0.05)
@@ -535,6 +566,7 @@ class Launcher:
         layout_devs = set(self.current.devices)
         if exited and any(rc != 0 for rc in exited.values()):
             dead = {d: rc for d, rc in exited.items() if rc != 0}
+            self.ctl.abort_world(self.world)  # survivors abandon the step in flight at once
             out = self.on_failure(dead)
             if not out.ok:
                 self.log(f"cannot recover: {out.message}; stopping the job")

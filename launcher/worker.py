@@ -13,6 +13,17 @@ with the local backend) and drives it through the control plane (see launcher.co
     new layout's devices form a new world and rebuild their trainer; departing workers exit 0;
   * a stop event ends the worker at the agreed boundary.
 
+Failures (see launcher.control, "Consistent cuts"): every optimizer step and every migration
+commits all-or-nothing through the control store. A step that fails (a peer died: gloo reports
+the closed socket) marks the training world aborted and shuts this worker's collective sockets,
+so peers blocked on it fail at once instead of waiting out --collective-timeout; the worker then
+keeps its state (that of the last committed step) and waits for the launcher's next event: a
+recovery migration (`urgent`) or `resume` on the old layout after a migration that did not commit.
+
+Fault injection for tests: $ELASTIC_FAULT = "DEVICE:POINT[:N]", POINT one of `step` (SIGKILL
+itself in step N, after its gradients, before the commit vote), `round` (in round N of a
+migration's transfer), `commit` (after a migration's transfer, before its commit vote).
+
 torchrun's variables are set for the code of every epoch: RANK, WORLD_SIZE (the epoch's
 training world), LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the control-plane
 store), plus ELASTIC_VIRTUAL_RANK and ELASTIC_LAYOUT.
@@ -54,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--step-sleep", type=float, default=0.0, help="sleep this long after each step (demos and tests)")
     t.add_argument("--collective-timeout", type=float, default=120.0,
                    help="seconds a collective may wait for a peer before failing (default 120)")
+    t.add_argument("--loss-file", default=None, metavar="PATH",
+                   help="append `step loss layout` for every committed step to PATH (the rank that reports the "
+                        "loss writes it; for tests and loss-curve comparisons)")
     t.add_argument("--log-every", type=int, default=1, help="print the loss every N steps (default 1; 0: never)")
     return p
 
@@ -83,6 +97,23 @@ class Worker:
         self.broken = False  # a collective failed: wait for a recovery event
         self.epoch = int(os.environ.get(C.ENV_FIRST_EVENT, "0"))
         self.layout_devices: list[int] = []
+        self.world: str | None = None  # the training world this worker is in
+        self.kept = None  # LocalState kept after a migration that did not commit (no trainer then)
+        self.fault = _fault_for(device)
+
+    def _die(self, point: str, n: int | None = None) -> None:
+        if self.fault and self.fault[0] == point and (self.fault[1] is None or n is None or n >= self.fault[1]):
+            self.log(f"fault injection: SIGKILL at {point} {n}")
+            os.kill(os.getpid(), 9)
+
+    def _abandon(self) -> None:
+        """Make every peer waiting on this worker fail now: abort the world's step, shut the sockets."""
+        if self.world is not None:
+            try:
+                self.ctl.abort_world(self.world)
+            except Exception:
+                pass
+        cut_collective_sockets(self.ctl.port)
 
     def log(self, msg: str) -> None:
         print(f"[worker dev{self.device} ev{self.epoch}] {msg}", flush=True)
@@ -107,9 +138,20 @@ class Worker:
         world_rank = list(range(len(devices)))
         groups = Groups(cfg, world_rank, rank)
         t1 = time.perf_counter()
-        self.trainer = Trainer(self.model, cfg, rank, state, world_rank, groups, self.tc)
+        self.trainer = trainer = Trainer(self.model, cfg, rank, state, world_rank, groups, self.tc)
         self.layout_devices = devices
         self.broken = False
+        self.world = world
+        self.kept = None
+        real_step = trainer.opt.step
+
+        def committed_step(*a, **kw):  # all ranks apply step N, or none does
+            self._die("step", trainer.step_no + 1)
+            if not self.ctl.decide(f"c/{world}/{trainer.step_no}", len(devices), f"abort/{world}"):
+                raise StepAborted(f"step {trainer.step_no + 1} abandoned: a worker of {world} failed")
+            return real_step(*a, **kw)
+
+        trainer.opt.step = committed_step
         return t1 - t0
 
     def handle(self, ev: dict) -> bool:
@@ -132,6 +174,13 @@ class Worker:
             return True
         if kind == "migrate":
             return self._migrate(ev)
+        if kind == "resume":  # a migration did not commit: train on on the old layout again
+            devices = ev["devices"]
+            if self.device in devices:
+                state = self.kept if self.kept is not None else self.trainer.export_state()
+                self._train_on(ev["layout"], devices, state, f"w{ev['epoch']}")
+                self.log(f"resumed as rank {devices.index(self.device)} of {ev['layout']} at step {state.step}")
+            return True
         if kind == "exit":
             return self.device not in ev["devices"]
         raise RuntimeError(f"unknown event kind {kind!r}")
@@ -147,7 +196,7 @@ class Worker:
             return self.device not in ev["exit_ok"]
         t0 = time.perf_counter()
         p = MigrationPlan.from_dict(ev["plan"])
-        state = self.trainer.export_state() if self.trainer is not None else None
+        state = self.trainer.export_state() if self.trainer is not None else self.kept
         if self.device in p.failed:
             state = None
         self.trainer = None
@@ -155,7 +204,12 @@ class Worker:
         try:
             self.ctl.join_world(f"m{e}", participants, self.device, self.args.collective_timeout)
             t1 = time.perf_counter()
-            res = execute(p, self.device, state, world_rank={d: i for i, d in enumerate(participants)})
+            hook = (lambda r: self._die("round", r)) if self.fault and self.fault[0] == "round" else None
+            res = execute(p, self.device, state, world_rank={d: i for i, d in enumerate(participants)}, on_round=hook)
+            self._die("commit")
+            if not self.ctl.decide(f"ev/{e}/commit", len(participants)):
+                raise MigrationError(f"device {self.device}: another participant failed or the launcher vetoed "
+                                     "the commit; old layout kept")
             t2 = time.perf_counter()
             new_devices = list(p.curr.devices)
             result["units_verified"] = res.units_verified
@@ -176,12 +230,14 @@ class Worker:
         except MigrationError as exc:
             result["error"] = str(exc)
             self.log(f"migration failed: {exc}")
+            self.ctl.veto(f"ev/{e}/commit")
+            cut_collective_sockets(self.ctl.port)  # peers still in a transfer with us fail now
             self.ctl.set_result(e, self.device, result)
             if self.device in ev.get("exit_fail", []):
                 return False
-            old = [d for d in p.prev.devices if d not in p.failed]
-            if self.device in old and state is not None:
-                self._train_on(str(p.prev.layout), old, state, f"w{e}f")
+            # keep the old state; the launcher says what next (`resume`, or a recovery migration)
+            self.kept = state if self.device in p.prev.devices else None
+            self.world = None
             return True
 
     # -- the loop ---------------------------------------------------------------------------
@@ -228,11 +284,16 @@ class Worker:
         try:
             loss = self.trainer.train_step()
         except Exception as exc:  # a peer died mid-step: keep the state, wait for the launcher
-            self.log(f"step failed ({type(exc).__name__}: {exc}); waiting for recovery")
+            self.log(f"step {self.trainer.step_no + 1} failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                     f"state kept at step {self.trainer.step_no}, waiting for recovery")
             self.broken = True
+            self._abandon()
             raise _Broken() from exc
         step = self.trainer.step_no
         self.ctl.set_step(self.device, step)
+        if loss is not None and self.args.loss_file and self.trainer.dp == 0 and self.trainer.tp == 0:
+            with open(self.args.loss_file, "a") as f:
+                f.write(f"{step} {loss!r} {self.trainer.cfg}\n")
         if loss is not None and self.trainer.dp == 0 and self.trainer.tp == 0 and self.args.log_every \
                 and step % self.args.log_every == 0:
             self.log(f"step {step} loss {loss:.6f}")
@@ -242,6 +303,49 @@ class Worker:
 
 class _Broken(Exception):
     pass
+
+
+class StepAborted(RuntimeError):
+    """The step was not committed: some worker of the training world failed it."""
+
+
+def _fault_for(device: int, env=os.environ) -> tuple[str, int | None] | None:
+    spec = env.get("ELASTIC_FAULT", "")
+    parts = spec.split(":")
+    if len(parts) < 2 or not parts[0].isdigit() or int(parts[0]) != device:
+        return None
+    return parts[1], int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+
+
+def cut_collective_sockets(keep_port: int) -> None:
+    """Shut down this process's TCP connections except those to/of the control store.
+
+    Neither destroying nor aborting a gloo process group closes its sockets, so a peer blocked in
+    a receive from this process would wait out the collective timeout; after a shutdown() it
+    sees "Connection closed by peer" at once. The process group is unusable afterwards, and is
+    replaced by the next world this worker joins.
+    """
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=int(fd))
+        except (OSError, ValueError):
+            continue
+        try:
+            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
+                continue
+            try:
+                peer = s.getpeername()
+            except OSError:
+                continue
+            if keep_port in (peer[1], s.getsockname()[1]):
+                continue
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            s.detach()
 
 
 def main(argv: list[str] | None = None) -> int:
