@@ -56,6 +56,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+class WorldAborted(RuntimeError):
+    """A process-group world could not be formed: one of its members failed first."""
+
+
 class Control:
     """One connection to the control-plane store (the launcher's is the server)."""
 
@@ -178,11 +182,18 @@ class Control:
         self.store.set(f"abort/{world}", "1")
 
     # -- process-group worlds ---------------------------------------------------------------
-    def join_world(self, name: str, members: list[int], device: int, timeout_s: float) -> int:
-        """Leave the current world (if any) and join world `name` of `members`; returns my rank in it."""
+    def join_world(self, name: str, members: list[int], device: int, timeout_s: float,
+                   abort_key: str | None = None) -> int:
+        """Leave the current world (if any) and join world `name` of `members`; returns my rank in it.
+
+        With `abort_key`, the members first meet on the store and WorldAborted is raised when the key
+        appears before all of them arrived (a member died): gloo's own rendezvous would wait out
+        `timeout_s` for it."""
         if dist.is_initialized():
             dist.destroy_process_group()
         rank = members.index(device)
+        if abort_key is not None and not self.decide(f"join/{name}", len(members), abort_key):
+            raise WorldAborted(f"world {name}: a member did not arrive ({abort_key} set)")
         dist.init_process_group("gloo", store=dist.PrefixStore(f"world/{name}/", self.store), rank=rank,
                                 world_size=len(members), timeout=timedelta(seconds=timeout_s))
         return rank

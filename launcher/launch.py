@@ -436,6 +436,7 @@ class Launcher:
             if dead or late:
                 # veto the commit; if every participant had voted yes already, the new layout stands
                 if self.ctl.veto(f"ev/{e}/commit"):
+                    self.ctl.abort_world(f"w{e}")  # survivors stop waiting for the dead to join it
                     alive = [d for d in participants if d not in dead]
                     while len(self.ctl.results(e, alive)) < len(alive) and time.monotonic() < deadline + 60:
                         time.sleep(0.05)

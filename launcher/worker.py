@@ -22,7 +22,8 @@ recovery migration (`urgent`) or `resume` on the old layout after a migration th
 
 Fault injection for tests: $ELASTIC_FAULT = "DEVICE:POINT[:N]", POINT one of `step` (SIGKILL
 itself in step N, after its gradients, before the commit vote), `round` (in round N of a
-migration's transfer), `commit` (after a migration's transfer, before its commit vote).
+migration's transfer), `commit` (after a migration's transfer, before its commit vote), `committed` (right after the
+migration committed, before reporting).
 
 torchrun's variables are set for the code of every epoch: RANK, WORLD_SIZE (the epoch's
 training world), LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the control-plane
@@ -133,7 +134,13 @@ class Worker:
 
         t0 = time.perf_counter()
         cfg = ParallelConfig.parse(layout)
-        rank = self.ctl.join_world(world, devices, self.device, self.args.collective_timeout)
+        try:
+            rank = self.ctl.join_world(world, devices, self.device, self.args.collective_timeout,
+                                       abort_key=f"abort/{world}")
+        except C.WorldAborted:
+            self.trainer, self.kept, self.world = None, state, None
+            self.log(f"{world} not formed (a member failed); state kept at step {state.step}, waiting for recovery")
+            raise
         self._export_env(rank, len(devices), rank, str(cfg))
         world_rank = list(range(len(devices)))
         groups = Groups(cfg, world_rank, rank)
@@ -202,7 +209,11 @@ class Worker:
         self.trainer = None
         result = {"ok": False, "phases": {}, "error": None, "units_verified": 0}
         try:
-            self.ctl.join_world(f"m{e}", participants, self.device, self.args.collective_timeout)
+            try:
+                self.ctl.join_world(f"m{e}", participants, self.device, self.args.collective_timeout,
+                                    abort_key=f"ev/{e}/commit")
+            except C.WorldAborted as exc:
+                raise MigrationError(f"device {self.device}: {exc}; old layout kept") from None
             t1 = time.perf_counter()
             hook = (lambda r: self._die("round", r)) if self.fault and self.fault[0] == "round" else None
             res = execute(p, self.device, state, world_rank={d: i for i, d in enumerate(participants)}, on_round=hook)
@@ -210,6 +221,7 @@ class Worker:
             if not self.ctl.decide(f"ev/{e}/commit", len(participants)):
                 raise MigrationError(f"device {self.device}: another participant failed or the launcher vetoed "
                                      "the commit; old layout kept")
+            self._die("committed")
             t2 = time.perf_counter()
             new_devices = list(p.curr.devices)
             result["units_verified"] = res.units_verified
@@ -217,7 +229,12 @@ class Worker:
             leave = self.device in ev["exit_ok"] or self.device not in new_devices
             groups_s = 0.0
             if not leave:
-                groups_s = self._train_on(str(p.curr.layout), new_devices, new_state, f"w{e}")
+                try:
+                    groups_s = self._train_on(str(p.curr.layout), new_devices, new_state, f"w{e}")
+                except C.WorldAborted:  # committed, but a new-layout peer died before training
+                    result.update(ok=True, step=new_state.step, phases={"execute": t2 - t1})
+                    self.ctl.set_result(e, self.device, result)
+                    return True
             elif dist.is_initialized():
                 dist.destroy_process_group()
             t3 = time.perf_counter()
@@ -260,7 +277,7 @@ class Worker:
             try:
                 if not self._tick():
                     return 0
-            except _Broken:
+            except (_Broken, C.WorldAborted):
                 continue
 
     def _tick(self) -> bool:

@@ -92,3 +92,43 @@ def test_worker_killed_in_a_step_recovers_from_replicas_at_the_same_step(tmp_pat
     assert {lay for s, _v, lay in rows if s >= 5} == {"pp2tp1dp1"}
     # detection did not wait for the 120 s collective timeout
     assert took < 100, took
+
+
+def shrink_to_two(la: Launcher) -> None:
+    la.db.add_request(la.job_id, "shrink", {"nodes": 2}, "tester")
+
+
+@pytest.mark.parametrize("fault", ["1:round:0", "3:commit"])
+def test_worker_killed_mid_migration_keeps_the_old_layout_then_recovers(tmp_path, monkeypatch, fault):
+    # pp2dp2 on 4 nodes shrinks to pp1dp2 on 2; a participant dies in the first transfer round
+    # (a kept device) or after its transfer, before the commit vote (a leaving device)
+    rc, la, store, loss_file, _took = run_job(tmp_path, monkeypatch, nodes=4, gpn=1, layouts="pp2dp2,pp1dp2,pp1",
+                                              fault=fault, script=[(3, shrink_to_two)], stop_at=12)
+    assert rc == 0, [o.message for o in la.outcomes]
+    job = store.find_job("t")
+    migs = sorted(store.recent_migrations(job.id, limit=10), key=lambda m: m.id)
+    assert [(m.trigger, m.status) for m in migs] == [("resize", "failed"), ("failure", "succeeded")], \
+        [(m.trigger, m.status, m.error) for m in migs]
+    assert "old layout kept" in migs[0].error
+    assert migs[1].from_layout == "pp2tp1dp2" and migs[1].bit_exact is True
+    assert store.list_requests(job.id)[0].status == "failed"
+    rows = read_losses(loss_file)
+    check_curve(rows, 12)
+    # nothing trained on a half-migrated layout: pp2dp2 until the failure, then the recovery layout
+    layouts = [lay for _s, _v, lay in rows]
+    cut = layouts.index(migs[1].to_layout)
+    assert set(layouts[:cut]) == {"pp2tp1dp2"} and set(layouts[cut:]) == {migs[1].to_layout}
+
+
+def test_worker_killed_right_after_a_migration_commits_keeps_the_new_layout(tmp_path, monkeypatch):
+    rc, la, store, loss_file, _took = run_job(tmp_path, monkeypatch, nodes=4, gpn=1, layouts="pp2dp2,pp1dp2,pp1",
+                                              fault="1:committed", script=[(3, shrink_to_two)], stop_at=12)
+    assert rc == 0, [o.message for o in la.outcomes]
+    job = store.find_job("t")
+    migs = sorted(store.recent_migrations(job.id, limit=10), key=lambda m: m.id)
+    assert [(m.trigger, m.status, m.from_layout, m.to_layout) for m in migs] == [
+        ("resize", "succeeded", "pp2tp1dp2", "pp1tp1dp2"), ("failure", "succeeded", "pp1tp1dp2", "pp1tp1dp1")], \
+        [(m.trigger, m.status, m.error) for m in migs]
+    rows = read_losses(loss_file)
+    check_curve(rows, 12)
+    assert [lay for _s, _v, lay in rows][-1] == "pp1tp1dp1"
