@@ -156,6 +156,9 @@ class Worker:
             self._die("step", trainer.step_no + 1)
             if not self.ctl.decide(f"c/{world}/{trainer.step_no}", len(devices), f"abort/{world}"):
                 raise StepAborted(f"step {trainer.step_no + 1} abandoned: a worker of {world} failed")
+            if rank == 0 and trainer.step_no > 0:  # everybody is past the previous vote: drop its keys
+                for key in (f"c/{world}/{trainer.step_no - 1}", f"c/{world}/{trainer.step_no - 1}/n"):
+                    self.ctl.store.delete_key(key)
             return real_step(*a, **kw)
 
         trainer.opt.step = committed_step
@@ -181,7 +184,7 @@ class Worker:
             return True
         if kind == "migrate":
             return self._migrate(ev)
-        if kind == "resume":  # a migration did not commit: train on on the old layout again
+        if kind == "resume":  # a migration did not commit: train on the old layout again
             devices = ev["devices"]
             if self.device in devices:
                 state = self.kept if self.kept is not None else self.trainer.export_state()
