@@ -34,12 +34,13 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from migrate.checkpoint import as_dtensors, layout_mesh
 from migrate.layout import ModelSpec, ParallelConfig, TensorSpec
 from migrate.state import LocalState, held_tensors, initial_state, local_shape, rank_workload, shard_range
 from migrate.train import Groups, Trainer, TrainConfig
@@ -175,30 +176,6 @@ def _init_world(rank: int, cfg: ParallelConfig, port: int, world: str) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=cfg.world_size)
 
 
-def _sub_mesh(cfg: ParallelConfig):
-    """This rank's (dp, tp) mesh: a DTensor on it records where its shard sits in the full tensor."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh("cpu", (cfg.pp, cfg.dp, cfg.tp), mesh_dim_names=("pp", "dp", "tp"))
-    return mesh["dp", "tp"]
-
-
-def _as_dtensors(state: dict[str, dict[str, torch.Tensor]], model: ModelSpec, mesh) -> dict[str, Any]:
-    """Flat DCP state dict `kind.name -> DTensor` over this rank's own tensors (no copies)."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-
-    specs = {t.name: t for t in model.tensors()}
-    out: dict[str, Any] = {}
-    for kind, per in state.items():
-        for name, t in per.items():
-            spec = specs[name]
-            placements = (Replicate(), Replicate() if spec.tp_dim is None else Shard(spec.tp_dim))
-            out[f"{kind}.{name}"] = DTensor.from_local(t, mesh, placements, run_check=False,
-                                                       shape=torch.Size(spec.shape),
-                                                       stride=torch.empty(spec.shape, device="meta").stride())
-    return out
-
-
 def _old_worker(rank: int, kind: str, model: ModelSpec, cfg: ParallelConfig, tc: TrainConfig,
                 steps_before: int, ckpt: str, port: int, units: int, q) -> None:
     """Train, then write the checkpoint inside a barrier-to-barrier timed region; hash outside it."""
@@ -208,7 +185,7 @@ def _old_worker(rank: int, kind: str, model: ModelSpec, cfg: ParallelConfig, tc:
     for _ in range(steps_before):
         trainer.train_step()
     state = trainer.export_state()
-    mesh = _sub_mesh(cfg) if kind == "dcp" else None  # a DTensor job builds its mesh at start-up
+    mesh = layout_mesh(cfg, world) if kind == "dcp" else None  # a DTensor job builds its mesh at start-up
     dist.barrier()
     t0 = time.monotonic()
     if kind == "torch_save":
@@ -219,7 +196,7 @@ def _old_worker(rank: int, kind: str, model: ModelSpec, cfg: ParallelConfig, tc:
     else:
         import torch.distributed.checkpoint as dcp
 
-        sd = _as_dtensors(state.tensors, model, mesh)
+        sd = as_dtensors(model, state.tensors, mesh)
         sd["step"] = state.step
         dcp.save(sd, checkpoint_id=ckpt)
     dist.barrier()
@@ -239,7 +216,7 @@ def _new_worker(rank: int, kind: str, model: ModelSpec, cfg: ParallelConfig, tc:
     world = list(range(cfg.world_size))
     trainer = Trainer(model, cfg, rank, initial_state(model, cfg, rank, tc.seed), world, Groups(cfg, world, rank), tc)
     t_built = time.monotonic()
-    mesh = _sub_mesh(cfg) if kind == "dcp" else None
+    mesh = layout_mesh(cfg, world) if kind == "dcp" else None
     t_ready = time.monotonic()
     dist.barrier()
     t0 = time.monotonic()
@@ -256,7 +233,7 @@ def _new_worker(rank: int, kind: str, model: ModelSpec, cfg: ParallelConfig, tc:
 
         moments = {k: {n: torch.empty_like(p.data) for n, p in params.items()} for k in ("exp_avg", "exp_avg_sq")}
         # params are loaded in place: the DTensors alias the Trainer's parameter storage
-        sd = _as_dtensors({"param": {n: p.data for n, p in params.items()}, **moments}, model, mesh)
+        sd = as_dtensors(model, {"param": {n: p.data for n, p in params.items()}, **moments}, mesh)
         sd["step"] = -1
         dcp.load(sd, checkpoint_id=src)
         step = int(sd["step"])

@@ -22,7 +22,7 @@ from migrate.layout import ModelSpec, ParallelConfig
 from migrate.state import TORCH_DTYPES, LocalState, held_tensors, local_shape, rank_workload
 
 
-def _mesh(cfg: ParallelConfig, world_rank: list[int]) -> DeviceMesh:
+def layout_mesh(cfg: ParallelConfig, world_rank: list[int]) -> DeviceMesh:
     """This rank's (dp, tp) mesh, in the layout's world ranks (they need not be 0..n-1 in order)."""
     grid = torch.tensor(world_rank, dtype=torch.int64).view(cfg.pp, cfg.dp, cfg.tp)
     me = dist.get_rank()
@@ -30,7 +30,8 @@ def _mesh(cfg: ParallelConfig, world_rank: list[int]) -> DeviceMesh:
     return DeviceMesh("cpu", grid[pp], mesh_dim_names=("dp", "tp"), _init_backend=False)
 
 
-def _dtensors(model: ModelSpec, tensors: dict[str, dict[str, torch.Tensor]], mesh: DeviceMesh) -> dict[str, Any]:
+def as_dtensors(model: ModelSpec, tensors: dict[str, dict[str, torch.Tensor]], mesh: DeviceMesh) -> dict[str, Any]:
+    """Flat DCP state dict `kind/name -> DTensor` over this rank's own tensors (no copies)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     specs = {t.name: t for t in model.tensors()}
@@ -46,7 +47,7 @@ def _dtensors(model: ModelSpec, tensors: dict[str, dict[str, torch.Tensor]], mes
 
 
 def _state_dict(model: ModelSpec, cfg: ParallelConfig, state: LocalState, world_rank: list[int]) -> dict[str, Any]:
-    sd = _dtensors(model, state.tensors, _mesh(cfg, world_rank))
+    sd = as_dtensors(model, state.tensors, layout_mesh(cfg, world_rank))
     sd["run/step"] = state.step
     sd["run/meta"] = pickle.dumps({k: v for k, v in state.meta.items()})
     sd["run/layout"] = str(cfg)
@@ -82,7 +83,7 @@ def load_checkpoint(model: ModelSpec, cfg: ParallelConfig, rank: int, path: str 
         for kind in model.state_kinds:
             dtype = TORCH_DTYPES[model.dtype] if kind == "param" else torch.float32
             tensors[kind][spec.name] = torch.empty(local_shape(spec, w), dtype=dtype)
-    sd = _dtensors(model, tensors, _mesh(cfg, world_rank))
+    sd = as_dtensors(model, tensors, layout_mesh(cfg, world_rank))
     sd.update({"run/step": -1, "run/meta": b"", "run/layout": ""})
     dcp.load(sd, checkpoint_id=str(path), process_group=group)
     return LocalState(tensors, int(sd["run/step"]), pickle.loads(sd["run/meta"]) if sd["run/meta"] else {})

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from migrate.checkpoint import checkpoint_step, load_checkpoint, save_checkpoint
 from migrate.layout import ModelSpec, ParallelConfig
 from migrate.localrun import Scenario, free_port, load_state, run_scenario
-from migrate.state import LocalState, initial_state
+from migrate.state import initial_state
 from migrate.train import Groups, TrainConfig, Trainer
 from tests.migrate.fullstate import assemble
 
