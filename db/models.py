@@ -37,6 +37,8 @@ class JobRow(Base):
     sla_tier: Mapped[str] = mapped_column(String(16), default="standard")
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    checkpoint_path: Mapped[Optional[str]] = mapped_column(Text)  # v3: what a suspended job resumes from
+    checkpoint_step: Mapped[Optional[int]]
 
 
 class NodeRow(Base):
@@ -107,6 +109,8 @@ class MigrationRow(Base):
     plan_summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     fragmentation_before: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     fragmentation_after: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)
+    at_step: Mapped[Optional[int]]  # v3: the step boundary the migration applied at
+    steps_lost: Mapped[Optional[int]]  # v3: committed steps redone (restored from a safety checkpoint)
     phases: Mapped[list[MigrationPhaseRow]] = relationship(
         back_populates="migration", cascade="all, delete-orphan", order_by="MigrationPhaseRow.id"
     )

@@ -24,6 +24,8 @@ class Job:
     sla_tier: str
     created_at: datetime
     updated_at: datetime
+    checkpoint_path: str | None = None  # the checkpoint a suspended job resumes from
+    checkpoint_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -81,6 +83,8 @@ class Migration:
     fragmentation_before: dict[str, Any]
     fragmentation_after: dict[str, Any] | None
     phases: dict[str, float]
+    at_step: int | None = None
+    steps_lost: int | None = None
 
     @property
     def duration_s(self) -> float | None:

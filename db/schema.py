@@ -157,8 +157,17 @@ def _v1_to_v2(conn: Connection) -> None:
     md.create_all(conn, tables=[md.tables["admin_requests"], md.tables["audit_log"], md.tables["users"]])
 
 
+def _v2_to_v3(conn: Connection) -> None:
+    """v3: the checkpoint a suspended job resumes from (jobs), and where a migration cut in and how many
+    committed steps it lost (migrations: a failure restored from a safety checkpoint loses some)."""
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN checkpoint_path TEXT"))
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN checkpoint_step INTEGER"))
+    conn.execute(text("ALTER TABLE migrations ADD COLUMN at_step INTEGER"))
+    conn.execute(text("ALTER TABLE migrations ADD COLUMN steps_lost INTEGER"))
+
+
 #: MIGRATIONS[i] upgrades a database from version i+1 to version i+2.
-MIGRATIONS: list[Step] = [_v1_to_v2]
+MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3]
 CURRENT_VERSION = len(MIGRATIONS) + 1
 
 

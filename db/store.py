@@ -39,6 +39,7 @@ def _job(row: JobRow) -> Job:
         id=row.id, name=row.name, slurm_job_id=row.slurm_job_id, state=row.state, layout=row.layout,
         gpus_per_node=row.gpus_per_node, pinned_node=row.pinned_node, max_devices=row.max_devices,
         sla_tier=row.sla_tier, created_at=from_db(row.created_at), updated_at=from_db(row.updated_at),
+        checkpoint_path=row.checkpoint_path, checkpoint_step=row.checkpoint_step,
     )  # type: ignore[arg-type]
 
 
@@ -69,7 +70,7 @@ def _migration(row: MigrationRow, job_name: str) -> Migration:
         error=row.error, plan_summary=dict(row.plan_summary or {}),
         fragmentation_before=dict(row.fragmentation_before or {}),
         fragmentation_after=dict(row.fragmentation_after) if row.fragmentation_after is not None else None,
-        phases=phases,
+        phases=phases, at_step=row.at_step, steps_lost=row.steps_lost,
     )
 
 
@@ -189,6 +190,17 @@ class Store(AdminMixin, StoreBase):
                                 ("max_devices", max_devices), ("sla_tier", sla_tier)):
                 if value is not None:
                     setattr(row, name, value)
+            row.updated_at = self.now()
+
+    def set_checkpoint(self, job_id: int, path: str | None, step: int | None, *, state: str | None = None) -> None:
+        """Remember the checkpoint the job resumes from (and optionally set its state, e.g. suspended)."""
+        if state is not None:
+            check("job state", state, JOB_STATES)
+        with self._tx() as s:
+            row = self._job_row(s, job_id)
+            row.checkpoint_path, row.checkpoint_step = path, step
+            if state is not None:
+                row.state = state
             row.updated_at = self.now()
 
     # ---------------------------------------------------------------- nodes
@@ -355,8 +367,12 @@ class Store(AdminMixin, StoreBase):
         phases: Mapping[str, float],
         error: str | None = None,
         fragmentation_after: dict[str, Any] | None = None,
+        *,
+        at_step: int | None = None,
+        steps_lost: int | None = None,
     ) -> None:
-        """Close a migration with its outcome and per-phase seconds (names from db.vocab.PHASES)."""
+        """Close a migration with its outcome and per-phase seconds (names from db.vocab.PHASES);
+        at_step: the step the new layout went on from; steps_lost: committed steps that must be redone."""
         check("migration status", status, ("succeeded", "failed"))
         for name, seconds in phases.items():
             check("phase", name, PHASES)
@@ -370,6 +386,7 @@ class Store(AdminMixin, StoreBase):
             row.bytes_moved, row.bytes_checkpoint, row.bit_exact = bytes_moved, bytes_checkpoint, bit_exact
             row.error = error
             row.fragmentation_after = dict(fragmentation_after) if fragmentation_after is not None else None
+            row.at_step, row.steps_lost = at_step, steps_lost
             row.phases = [MigrationPhaseRow(phase=k, seconds=float(v)) for k, v in phases.items()]
 
     def get_migration(self, mid: int) -> Migration | None:

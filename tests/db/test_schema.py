@@ -107,3 +107,38 @@ def test_bare_path_and_memory_urls(tmp_path: Path) -> None:
     mem = Store("sqlite://")
     assert mem.create_job("m", "pp1tp1dp1", 1, 1) == 1
     assert mem.get_job(1) is not None
+
+
+def test_upgrade_from_v2_adds_checkpoint_and_lost_step_columns(tmp_path: Path) -> None:
+    from db.schema import MIGRATIONS, _stamp
+
+    old = tmp_path / "v2.db"
+    engine = create_engine(f"sqlite:///{old}")
+    create_v1(engine)
+    with engine.begin() as conn:
+        MIGRATIONS[0](conn)
+        _stamp(conn, 2)
+    engine.dispose()
+    con = sqlite3.connect(old)
+    con.execute("INSERT INTO jobs (name, state, layout, gpus_per_node, max_devices, created_at, updated_at)"
+                " VALUES ('j2', 'running', 'pp2tp1dp1', 1, 2, '2024-01-01 00:00:00', '2024-01-01 00:00:00')")
+    con.commit()
+    con.close()
+    assert "checkpoint_path" not in _columns(old)["jobs"] and "steps_lost" not in _columns(old)["migrations"]
+
+    store = Store(f"sqlite:///{old}")
+    assert (store.schema_found, store.schema_version) == (2, CURRENT_VERSION) and CURRENT_VERSION >= 3
+    job = store.find_job("j2")
+    assert job.checkpoint_path is None and job.checkpoint_step is None
+    store.set_checkpoint(job.id, "/ck/step-6", 6, state="suspended")
+    job = store.find_job("j2")
+    assert (job.state, job.checkpoint_path, job.checkpoint_step) == ("suspended", "/ck/step-6", 6)
+    mid = store.start_migration(job.id, "pp2tp1dp1", "pp1tp1dp1", "failure", {}, {})
+    store.finish_migration(mid, "succeeded", None, None, None, {}, error="restored from checkpoint at step 6: "
+                           "2 steps lost", at_step=6, steps_lost=2)
+    m = store.get_migration(mid)
+    assert (m.at_step, m.steps_lost) == (6, 2)
+    store.close()
+    fresh = tmp_path / "fresh.db"
+    Store(f"sqlite:///{fresh}").close()
+    assert _columns(old) == _columns(fresh)
