@@ -14,6 +14,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "history": ("history", "query recorded migrations"),
     "resize": ("resize", "ask a running job to grow or shrink to N nodes"),
     "preempt": ("preempt", "ask a running job to give nodes back"),
+    "suspend": ("suspend", "ask a running job to checkpoint once and give every device back"),
+    "resume": ("resume", "ask for a suspended job to go on from its checkpoint (next elastic-launch)"),
     "testbed": ("testbed", "bring a real 4-node Slurm cluster up or down on loopback"),
     "dashboard": ("dashboard", "serve the web dashboard"),
 }

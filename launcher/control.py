@@ -48,6 +48,46 @@ ENV_GPUS_PER_NODE = "ELASTIC_GPUS_PER_NODE"
 ENV_LOCAL_ID = "ELASTIC_LOCAL_ID"  # local task index; Slurm steps use SLURM_LOCALID
 ENV_FIRST_EVENT = "ELASTIC_FIRST_EVENT"  # first event this worker handles
 ENV_NODE = "ELASTIC_NODE"
+ENV_CKPT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where the job's checkpoints live (suspend and safety)
+ENV_CKPT_EVERY = "ELASTIC_CHECKPOINT_EVERY"  # safety checkpoint every N steps (0: never)
+
+
+# -- checkpoint folders: DIR/step-<S> is complete (renamed when its write finished), DIR/.tmp-step-<S> is not
+def checkpoint_paths(root, step: int):
+    """(temporary, final) folder of the checkpoint of step `step` under `root`."""
+    from pathlib import Path
+
+    return Path(root) / f".tmp-step-{step}", Path(root) / f"step-{step}"
+
+
+def latest_checkpoint(root) -> tuple[str, int] | None:
+    """(path, step) of the newest complete checkpoint under `root`, or None."""
+    from pathlib import Path
+
+    best = None
+    for p in Path(root).glob("step-*") if root and Path(root).is_dir() else ():
+        tail = p.name[len("step-"):]
+        if tail.isdigit() and (p / ".metadata").exists() and (best is None or int(tail) > best[1]):
+            best = (str(p), int(tail))
+    return best
+
+
+def finalize_checkpoint(root, step: int) -> str:
+    """Publish the finished temporary checkpoint of `step` and drop older ones; returns its path.
+    Called once (by the layout's rank 0) after every rank's write completed."""
+    import shutil
+
+    tmp, final = checkpoint_paths(root, step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for p in list(final.parent.iterdir()):
+        name = p.name.lstrip(".")
+        tail = name[len("tmp-step-"):] if name.startswith("tmp-step-") else name[len("step-"):] \
+            if name.startswith("step-") else ""
+        if tail.isdigit() and int(tail) < step:
+            shutil.rmtree(p, ignore_errors=True)
+    return str(final)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -13,6 +13,15 @@ requests from the database, USR1, a worker that dies -- as one migration: pick t
 boundary, let departing workers exit, give their nodes back (`scontrol update`), and record
 the rank map and the migration with its phases in the database. A failed migration or node
 release leaves the job on its old layout, with the failure recorded.
+
+When the last devices must go (USR1 with --on-signal suspend, a `suspend` request) the workers
+write the state once (migrate.checkpoint) into --checkpoint-dir/step-<S> at an agreed step
+boundary and exit; the job is recorded as suspended with that checkpoint. `elastic-launch
+--resume` (or a pending `resume` request for the suspended job when the launcher starts) loads
+it on whatever layout and device count it gets now and goes on at step S+1. With
+--checkpoint-every N the workers also keep one complete safety checkpoint, written in the
+background; a failure no replica can recover from (DP = 1) restarts the workers on the devices
+left from it, recording how many committed steps were lost.
 """
 from __future__ import annotations
 
@@ -116,6 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what SIGUSR1 (Slurm's warning, #SBATCH --signal=B:USR1@60) does: shrink to MIN nodes, "
                         "suspend (stop the workers at a step boundary, mark the job suspended), or ignore "
                         "(default shrink)")
+    p.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR",
+                   help="where the job's checkpoints go (suspend, --checkpoint-every) and --resume reads them; "
+                        "every node must see it (default: checkpoints/<job name> next to a SQLite --db, else "
+                        "./var/checkpoints/<job name>)")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="write a safety checkpoint every N steps in the background (training pauses only for "
+                        "the in-memory copy); a failure that no DP replica covers restarts from it (default 0: never)")
+    p.add_argument("--resume", action="store_true",
+                   help="resume the suspended job of --job-name from its checkpoint (the database's, else the "
+                        "newest complete one in --checkpoint-dir) on whatever layout fits now, at the next step")
     p.add_argument("--log-dir", type=Path, default=None, help="write worker output under this folder (default: inherit)")
     p.add_argument("--poll", type=float, default=0.2, help="seconds between checks of workers and requests (default 0.2)")
     p.add_argument("--ready-timeout", type=float, default=180.0,
@@ -146,6 +165,9 @@ class Options:
     migrate_timeout: float = 300.0
     model: object = None
     trigger_default: str = "resize"
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -162,6 +184,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError(f"--gpus-per-node must be at least 1, got {gpn}")
     layouts = parse_layouts(args.layouts)
     model = model_from_command(command)
+    if args.checkpoint_every < 0:
+        raise UsageError(f"--checkpoint-every must be 0 (off) or a number of steps, got {args.checkpoint_every}")
     from launcher.policy import NoLayoutError, check_node_range
 
     try:
@@ -171,7 +195,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return Options(lo, hi, gpn, layouts, command, db_url=args.db, on_signal=args.on_signal,
                    job_name=args.job_name or os.environ.get("SLURM_JOB_NAME") or "elastic",
                    master_addr=args.master_addr or "127.0.0.1", master_port=args.master_port, poll=args.poll,
-                   ready_timeout=args.ready_timeout, migrate_timeout=args.migrate_timeout, model=model)
+                   ready_timeout=args.ready_timeout, migrate_timeout=args.migrate_timeout, model=model,
+                   checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume)
 
 
 # ----------------------------------------------------------------------------------- launcher
@@ -223,6 +248,9 @@ class Launcher:
         self.stopped = False
         self.suspended = False
         self.world = "w0"  # the process-group world the current layout trains in
+        self.epoch_base = 0  # database epochs of a resumed job continue after its earlier ones
+        self.ckpt_dir = str(Path(opts.checkpoint_dir or default_checkpoint_dir(getattr(store, "url", None),
+                                                                               opts.job_name)).resolve())
 
     # -- helpers ----------------------------------------------------------------------------
     def node_devices(self, node: str) -> list[int]:
@@ -235,7 +263,8 @@ class Launcher:
     def base_env(self, first_event: int) -> dict[str, str]:
         return {C.ENV_STORE: f"{self.opts.master_addr}:{self.ctl.port}", C.ENV_GPUS_PER_NODE: str(self.gpn),
                 C.ENV_FIRST_EVENT: str(first_event), "MASTER_ADDR": self.opts.master_addr,
-                "MASTER_PORT": str(self.ctl.port), "PYTHONUNBUFFERED": "1"}
+                "MASTER_PORT": str(self.ctl.port), "PYTHONUNBUFFERED": "1",
+                C.ENV_CKPT_DIR: self.ckpt_dir, C.ENV_CKPT_EVERY: str(self.opts.checkpoint_every)}
 
     def max_step(self) -> int:
         devs = list(self.current.devices) if self.current else []
@@ -292,12 +321,72 @@ class Launcher:
         devices = tuple(d for n in nodes for d in self.node_devices(n))[:layout.world_size]
         self.current = RankMap(layout, devices)
         self.epoch = 0
-        self.ctl.post({"epoch": 0, "kind": "start", "layout": str(layout), "devices": list(devices)})
-        self.job_id = self.db.create_job(self.opts.job_name, str(layout), self.gpn, self.opts.max_nodes * self.gpn,
-                                         slurm_job_id=self.slurm_job_id, pinned_node=self.backend.batch_node,
-                                         nodes=nodes)
-        self.db.record_rank_map(self.job_id, 0, str(layout), self._entries(self.current))
+        job, path, requests = self.resume_point()
+        ev = {"epoch": 0, "kind": "start", "layout": str(layout), "devices": list(devices)}
+        if path:
+            ev["checkpoint"] = path
+        self.ctl.post(ev)
+        if job is None:
+            self.job_id = self.db.create_job(self.opts.job_name, str(layout), self.gpn,
+                                             self.opts.max_nodes * self.gpn, slurm_job_id=self.slurm_job_id,
+                                             pinned_node=self.backend.batch_node, nodes=nodes)
+        else:  # the same job goes on: its history, requests and epochs continue
+            self.job_id = job.id
+            self._adopt(job, nodes)
+        self.db.record_rank_map(self.job_id, self.epoch_base, str(layout), self._entries(self.current))
         self.log(f"job {self.job_id}: {layout} on {len(devices)} devices of {','.join(nodes)}")
+        if path:
+            try:
+                res = self._wait_results(0, list(devices))
+                bad = [r.get("error") for r in res.values() if not r.get("ok")]
+                if bad:
+                    raise MigrationFailed(bad[0])
+            except MigrationFailed as exc:
+                for r in requests:
+                    self.db.complete_request(r.id, "failed", f"resume failed: {exc}")
+                self.db.set_job_state(self.job_id, "failed")
+                raise MigrationFailed(f"resume from {path} failed: {exc}") from None
+            step = min(r["step"] for r in res.values())
+            msg = f"resumed from {path} at step {step} on {layout} ({len(devices)} devices)"
+            for r in requests:
+                self.db.complete_request(r.id, "done", msg)
+            self.db.audit("elastic-launch", "resume", f"job:{self.job_id}", msg)
+            self.log(msg)
+
+    def resume_point(self):
+        """(job to continue or None, checkpoint to start from or None, `resume` requests it answers)."""
+        job = self.db.find_job(self.opts.job_name)
+        requests = [r for r in self.db.pending_requests(job.id) if r.action == "resume"] \
+            if job is not None and job.state == "suspended" else []
+        if not self.opts.resume and not requests:
+            return None, None, []
+        path = None
+        if job is not None and job.state == "suspended" and job.checkpoint_path \
+                and (Path(job.checkpoint_path) / ".metadata").exists():
+            path = job.checkpoint_path
+        else:
+            found = C.latest_checkpoint(self.ckpt_dir)
+            path = found[0] if found else None
+        if path is None:
+            raise MigrationFailed(f"nothing to resume: job {self.opts.job_name!r} has no checkpoint in the "
+                                  f"database and {self.ckpt_dir} holds no complete one")
+        if job is not None and job.state != "suspended":
+            job = None  # a finished or running job of that name: the resumed run is a new job
+        self.log(f"resuming job {self.opts.job_name} from {path}")
+        return job, path, requests
+
+    def _adopt(self, job, nodes: list[str]) -> None:
+        """Take over a suspended job's row: new allocation, epochs after its last rank map."""
+        last = self.db.current_rank_map(job.id)
+        self.epoch_base = last.epoch + 1 if last else 0
+        self.db.update_job(job.id, slurm_job_id=self.slurm_job_id, pinned_node=self.backend.batch_node,
+                           max_devices=max(job.max_devices, self.opts.max_nodes * self.gpn))
+        for n in self.db.list_nodes(job.id):
+            if n.name not in nodes and n.state in ("active", "idle"):
+                self.db.set_node_state(job.id, n.name, "released", pinned=False)
+        for n in nodes:
+            self.db.set_node_state(job.id, n, "active", pinned=n == self.backend.batch_node)
+        self.db.set_job_state(job.id, "running")
 
     # -- one migration ------------------------------------------------------------------------
     def migrate_to(self, target: list[str], trigger: str, failed: Sequence[int] = ()) -> Outcome:
@@ -375,7 +464,7 @@ class Launcher:
         # committed: the new layout trains; the departing workers exit, then their nodes go back
         self.current = p.curr
         self.world = f"w{e}"
-        self.db.record_rank_map(self.job_id, e, out.to_layout, self._entries(p.curr))
+        self.db.record_rank_map(self.job_id, self.epoch_base + e, out.to_layout, self._entries(p.curr))
         for n in leaving:
             self._reap(n)
         error = None
@@ -432,6 +521,8 @@ class Launcher:
                 return res
             dead = {d: rc for h in self.handles.values() for d, rc in h.exited().items()
                     if d in participants and d not in res}
+            if dead:  # a worker that reported, then exited, between the two reads is not dead
+                dead = {d: rc for d, rc in dead.items() if not self.ctl.results(e, [d])}
             late = time.monotonic() > deadline
             if dead or late:
                 # veto the commit; if every participant had voted yes already, the new layout stands
@@ -522,8 +613,9 @@ class Launcher:
                 count = int(req.params.get("count", 1))
                 out = self.shrink_to(len(self.active) - count, trigger)
         elif req.action == "suspend":
-            self.stop(suspend=True)
-            out = Outcome(trigger, True, "suspended: workers stopped at a step boundary")
+            out = self.suspend(trigger)
+        elif req.action == "resume":
+            out = Outcome(trigger, False, "the job is running; resume applies to a suspended job")
         else:
             out = Outcome(trigger, False, f"{req.action} is not supported by this launcher version")
         self.db.complete_request(req.id, "done" if out.ok else "failed", out.message)
@@ -549,17 +641,122 @@ class Launcher:
             out = Outcome("failure", False, "no node left")
             self._record_failed(out, "failure", "?", {}, out.message)
             return out
+        if self.opts.checkpoint_every and self._state_lost(failed):
+            found = C.latest_checkpoint(self.ckpt_dir)
+            if found:
+                return self.restore(keep, *found)
+            self.log(f"no complete safety checkpoint in {self.ckpt_dir} yet")
         return self.migrate_to(keep, "failure", failed=failed)
+
+    def _state_lost(self, failed: Sequence[int]) -> bool:
+        """True when some (pp, tp) slice of the state has no surviving DP replica."""
+        lay = self.current.layout
+        need = {(pp, tp) for pp, _dp, tp in map(lay.coords, range(lay.world_size))}
+        have = {(lay.coords(r)[0], lay.coords(r)[2]) for r, d in enumerate(self.current.devices) if d not in failed}
+        return bool(need - have)
+
+    def restore(self, keep: list[str], path: str, step: int) -> Outcome:
+        """Restart the workers on the nodes `keep` from the safety checkpoint of `step` (a failure the
+        replicas cannot cover). Recorded as a `failure` migration with the committed steps lost."""
+        from migrate.layout import LayoutError
+        from migrate.topology import RankMap
+
+        lost = max(self.max_step() - step, 0)
+        out = Outcome("failure", False, "", from_layout=str(self.current.layout), nodes_before=len(self.active))
+        for n in list(self.handles):  # the survivors hold an incomplete state: start over from the checkpoint
+            self.handles.pop(n).kill()
+        try:
+            layout = self.choose(sum(len(self.node_devices(n)) for n in keep))
+        except LayoutError as exc:
+            out.message = f"no layout for the nodes left: {exc}"
+            self._record_failed(out, "failure", "?", {}, out.message)
+            return out
+        devices = tuple(d for n in keep for d in self.node_devices(n))[:layout.world_size]
+        out.to_layout = str(layout)
+        mid = self.db.start_migration(self.job_id, out.from_layout, out.to_layout, "failure",
+                                      {"restore_from": path, "step": step}, self.db.fragmentation(self.job_id))
+        out.migration_id = mid
+        e = self.epoch + 1
+        t0 = time.perf_counter()
+        try:
+            for n in keep:
+                for d in self.node_devices(n):
+                    self.ctl.store.delete_key(f"ready/{d}")  # the old processes' registrations
+                    self.ctl.store.set(f"step/{d}", str(step))
+            self._start_nodes(keep, e)
+            self._wait_ready(keep)
+            self.epoch = e
+            self.ctl.post({"epoch": e, "kind": "start", "layout": str(layout), "devices": list(devices),
+                           "checkpoint": path, "urgent": True})
+            res = self._wait_results(e, list(devices))
+            bad = [r.get("error") for r in res.values() if not r.get("ok")]
+            if bad:
+                raise MigrationFailed(bad[0])
+        except MigrationFailed as exc:
+            out.message = f"restore from checkpoint at step {step} failed: {exc}"
+            self.db.finish_migration(mid, "failed", None, None, None, {}, error=out.message, at_step=step)
+            self.log(out.message)
+            self.outcomes.append(out)
+            return out
+        self.current, self.world = RankMap(layout, devices), f"w{e}"
+        self.db.record_rank_map(self.job_id, self.epoch_base + e, out.to_layout, self._entries(self.current))
+        out.ok, out.at_step, out.nodes_after = True, step, len(self.active)
+        out.phases = {"rebuild": time.perf_counter() - t0}
+        out.message = f"restored from checkpoint at step {step}: {lost} steps lost"
+        size = sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
+        self.db.finish_migration(mid, "succeeded", None, size, None, out.phases, error=out.message,
+                                 fragmentation_after=self.db.fragmentation(self.job_id), at_step=step,
+                                 steps_lost=lost)
+        self.log(f"{out.from_layout} -> {out.to_layout}: {out.message}")
+        self.outcomes.append(out)
+        return out
 
     # -- the loop -------------------------------------------------------------------------------
     def stop(self, suspend: bool = False) -> None:
-        """Stop every worker at one step boundary."""
+        """Stop every worker at one step boundary (suspend=True: write the state first, see suspend)."""
+        if suspend:
+            self.suspend("signal")
+            return
         self.epoch += 1
         self.ctl.post({"epoch": self.epoch, "kind": "stop"})
         for n in list(self.handles):
             self._reap(n, timeout=120)
-        self.stopped, self.suspended = True, suspend
-        self.db.set_job_state(self.job_id, "suspended" if suspend else "finished")
+        self.stopped = True
+        self.db.set_job_state(self.job_id, "finished")
+
+    def suspend(self, trigger: str) -> Outcome:
+        """The last devices must go: every training worker writes its part of the state at one agreed step
+        boundary into the checkpoint folder, then all exit; the job is recorded as suspended there."""
+        self.epoch += 1
+        e = self.epoch
+        out = Outcome(trigger, False, "", from_layout=str(self.current.layout), nodes_before=len(self.active))
+        self.ctl.post({"epoch": e, "kind": "suspend"})
+        devices = list(self.current.devices)
+        try:
+            res = self._wait_results(e, devices)
+            bad = [r.get("error") for r in res.values() if not r.get("ok")]
+            paths = {r.get("path") for r in res.values()}
+            if bad:
+                raise MigrationFailed(bad[0])
+            if len(paths) != 1 or not (Path(next(iter(paths))) / ".metadata").exists():
+                raise MigrationFailed(f"workers reported checkpoint folders {sorted(map(str, paths))}, none complete")
+        except MigrationFailed as exc:
+            res, out.message = {}, f"suspend failed, job stopped without a checkpoint: {exc}"
+        for n in list(self.handles):
+            self._reap(n, timeout=120)
+        self.stopped = True
+        if res:
+            path, step = next(iter(paths)), min(r["step"] for r in res.values())
+            self.db.set_checkpoint(self.job_id, path, step, state="suspended")
+            out.ok, out.at_step = True, step
+            out.message = f"suspended at step {step}: checkpoint {path}"
+            self.suspended = True
+        else:
+            self.db.set_job_state(self.job_id, "failed")
+        self.db.audit("elastic-launch", "suspend", f"job:{self.job_id}", out.message)
+        self.log(out.message)
+        self.outcomes.append(out)
+        return out
 
     def poll_once(self) -> bool:
         """One round of checks; False once the job is over."""
@@ -593,7 +790,7 @@ class Launcher:
                     self.shrink_to(self.opts.min_nodes, "signal")
             elif self.opts.on_signal == "suspend":
                 self.log("USR1: suspending")
-                self.stop(suspend=True)
+                self.suspend("signal")
                 return False
         for req in self.db.pending_requests(self.job_id):
             self.handle_request(req)
@@ -628,6 +825,13 @@ class Launcher:
 
 
 # ----------------------------------------------------------------------------------- entry
+def default_checkpoint_dir(db_url: str | None, job_name: str) -> Path:
+    """checkpoints/<job> next to a SQLite database file, else ./var/checkpoints/<job>."""
+    if db_url and db_url.startswith("sqlite:///") and len(db_url) > len("sqlite:///"):
+        return Path(db_url[len("sqlite:///"):]).parent / "checkpoints" / job_name
+    return Path("var") / "checkpoints" / job_name
+
+
 def make_backend(args: argparse.Namespace, opts: Options):
     kind = args.backend
     job_id = args.job_id or (int(os.environ["SLURM_JOB_ID"]) if os.environ.get("SLURM_JOB_ID", "").isdigit() else None)

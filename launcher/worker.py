@@ -11,7 +11,14 @@ with the local backend) and drives it through the control plane (see launcher.co
     devices form one process-group world, run migrate.executor.execute on the posted plan (the
     executor verifies checksums: the state is bit-exact or the old layout is kept), then the
     new layout's devices form a new world and rebuild their trainer; departing workers exit 0;
-  * a stop event ends the worker at the agreed boundary.
+  * a stop event ends the worker at the agreed boundary; a suspend event writes the job's state once
+    (migrate.checkpoint.save_checkpoint, every training rank its own part) at the agreed boundary
+    into $ELASTIC_CHECKPOINT_DIR/step-<S>, then ends it; a start event with a `checkpoint` loads
+    that state on whatever layout it names (exact next step, same RNG and data position);
+  * with $ELASTIC_CHECKPOINT_EVERY=N every N-th step is also saved in the background (a dedicated
+    gloo group; training waits only for the in-memory copy) into .tmp-step-<S>, renamed to
+    step-<S> by rank 0 once every rank's write finished, older ones removed: the directory always
+    holds one complete safety checkpoint for a failure that no replica can recover from.
 
 Failures (see launcher.control, "Consistent cuts"): every optimizer step and every migration
 commits all-or-nothing through the control store. A step that fails (a peer died: gloo reports
@@ -101,6 +108,11 @@ class Worker:
         self.world: str | None = None  # the training world this worker is in
         self.kept = None  # LocalState kept after a migration that did not commit (no trainer then)
         self.fault = _fault_for(device)
+        self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
+        self.ckpt_every = int(os.environ.get(C.ENV_CKPT_EVERY, "0") or 0) if self.ckpt_dir else 0
+        self.ckpt_group = None  # gloo group of the training world for background saves
+        self.pending = None  # (future, step, coordinator?) of a safety checkpoint being written
+        self.used_dcp = False
 
     def _die(self, point: str, n: int | None = None) -> None:
         if self.fault and self.fault[0] == point and (self.fault[1] is None or n is None or n >= self.fault[1]):
@@ -134,16 +146,24 @@ class Worker:
 
         t0 = time.perf_counter()
         cfg = ParallelConfig.parse(layout)
+        self.ckpt_group = None
         try:
             rank = self.ctl.join_world(world, devices, self.device, self.args.collective_timeout,
                                        abort_key=f"abort/{world}")
         except C.WorldAborted:
-            self.trainer, self.kept, self.world = None, state, None
+            self.trainer, self.kept, self.world = None, None if callable(state) else state, None
             self.log(f"{world} not formed (a member failed); state kept at step {state.step}, waiting for recovery")
             raise
         self._export_env(rank, len(devices), rank, str(cfg))
         world_rank = list(range(len(devices)))
         groups = Groups(cfg, world_rank, rank)
+        if self.ckpt_every:  # background saves talk on their own group, never interleaved with training's
+            import torch.distributed as dist
+
+            self.ckpt_group = dist.new_group(world_rank, backend="gloo")
+        if callable(state):  # load it now that the world exists (a checkpoint: collective reads)
+            state = state(rank)
+            self.used_dcp = True
         t1 = time.perf_counter()
         self.trainer = trainer = Trainer(self.model, cfg, rank, state, world_rank, groups, self.tc)
         self.layout_devices = devices
@@ -168,9 +188,12 @@ class Worker:
         """Apply event `ev`; False when this worker is done."""
         kind = ev["kind"]
         self.epoch = ev["epoch"] + 1
+        self._settle_checkpoint(timeout=120)  # the world may change: the background write finishes first
         if kind == "stop":
             self.log("stop")
             return False
+        if kind == "suspend":
+            return self._suspend(ev)
         if kind == "start":
             from migrate.layout import ParallelConfig
             from migrate.state import initial_state
@@ -179,8 +202,26 @@ class Worker:
             if self.device in devices:
                 cfg = ParallelConfig.parse(ev["layout"])
                 rank = devices.index(self.device)
-                self._train_on(ev["layout"], devices, initial_state(self.model, cfg, rank, self.tc.seed), f"w{ev['epoch']}")
-                self.log(f"training as rank {rank} of {cfg}")
+                path = ev.get("checkpoint")
+                if not path:
+                    self._train_on(ev["layout"], devices, initial_state(self.model, cfg, rank, self.tc.seed),
+                                   f"w{ev['epoch']}")
+                    self.log(f"training as rank {rank} of {cfg}")
+                    return True
+                from migrate.checkpoint import load_checkpoint
+
+                t0 = time.perf_counter()
+                try:
+                    self._train_on(ev["layout"], devices,
+                                   lambda r: load_checkpoint(self.model, cfg, r, path, list(range(len(devices)))),
+                                   f"w{ev['epoch']}")
+                except Exception as exc:
+                    self.ctl.set_result(ev["epoch"], self.device, {"ok": False, "error": f"device {self.device}: "
+                                        f"loading {path} failed: {type(exc).__name__}: {exc}", "phases": {}})
+                    raise
+                self.ctl.set_result(ev["epoch"], self.device, {"ok": True, "step": self.trainer.step_no,
+                                                               "phases": {"rebuild": time.perf_counter() - t0}})
+                self.log(f"training as rank {rank} of {cfg} from {path} at step {self.trainer.step_no}")
             return True
         if kind == "migrate":
             return self._migrate(ev)
@@ -194,6 +235,69 @@ class Worker:
         if kind == "exit":
             return self.device not in ev["devices"]
         raise RuntimeError(f"unknown event kind {kind!r}")
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _suspend(self, ev: dict) -> bool:
+        """Write the state once at the agreed boundary (every training rank its part), then end."""
+        import torch.distributed as dist
+
+        if self.trainer is None or self.device not in self.layout_devices or self.broken:
+            return False
+        from migrate.checkpoint import save_checkpoint
+
+        step, rank = self.trainer.step_no, self.trainer.rank
+        tmp, _final = C.checkpoint_paths(self.ckpt_dir, step)
+        result: dict = {"ok": False, "step": step, "phases": {}}
+        t0 = time.perf_counter()
+        try:
+            self.used_dcp = True
+            save_checkpoint(self.model, self.trainer.cfg, self.trainer.export_state(), tmp,
+                            list(range(len(self.layout_devices))))
+            dist.barrier()  # every rank's part is on disk (and DCP needs it before teardown)
+            if rank == 0:
+                C.finalize_checkpoint(self.ckpt_dir, step)
+            result.update(ok=True, path=str(_final), phases={"other": time.perf_counter() - t0})
+            self.log(f"suspended: state of step {step} written to {_final}")
+        except Exception as exc:
+            result["error"] = f"device {self.device}: checkpoint of step {step} failed: {type(exc).__name__}: {exc}"
+            self.log(result["error"])
+        self.ctl.set_result(ev["epoch"], self.device, result)  # the launcher reads the folder once all reported
+        return False
+
+    def _safety_checkpoint(self, step: int) -> None:
+        """Start a background save of this step (training goes on once the copy is staged)."""
+        from migrate.checkpoint import save_checkpoint
+
+        self._settle_checkpoint(timeout=300)
+        tmp, _final = C.checkpoint_paths(self.ckpt_dir, step)
+        self.used_dcp = True
+        try:
+            fut = save_checkpoint(self.model, self.trainer.cfg, self.trainer.export_state(), tmp,
+                                  list(range(len(self.layout_devices))), group=self.ckpt_group, background=True)
+        except Exception as exc:
+            self.log(f"safety checkpoint of step {step} not started: {type(exc).__name__}: {exc}")
+            return
+        self.pending = (fut, step, self.trainer.rank == 0)
+
+    def _settle_checkpoint(self, timeout: float | None = None, only_if_done: bool = False) -> None:
+        """Finish the background save in flight (rank 0 publishes it); a failed one is dropped."""
+        if self.pending is None:
+            return
+        fut, step, coordinator = self.pending
+        if only_if_done and not fut.done():
+            return
+        self.pending = None
+        try:
+            fut.result(timeout=timeout)
+        except Exception as exc:
+            self.log(f"safety checkpoint of step {step} dropped: {type(exc).__name__}: {str(exc)[:200]}")
+            return
+        if coordinator:
+            try:
+                path = C.finalize_checkpoint(self.ckpt_dir, step)
+                self.log(f"safety checkpoint {path}")
+            except OSError as exc:
+                self.log(f"safety checkpoint of step {step} not published: {exc}")
 
     def _migrate(self, ev: dict) -> bool:
         import torch.distributed as dist
@@ -279,6 +383,7 @@ class Worker:
         while True:
             try:
                 if not self._tick():
+                    self._settle_checkpoint(timeout=120)
                     return 0
             except (_Broken, C.WorldAborted):
                 continue
@@ -311,6 +416,10 @@ class Worker:
             raise _Broken() from exc
         step = self.trainer.step_no
         self.ctl.set_step(self.device, step)
+        if self.pending is not None:
+            self._settle_checkpoint(only_if_done=True)
+        if self.ckpt_every and step % self.ckpt_every == 0:
+            self._safety_checkpoint(step)
         if loss is not None and self.args.loss_file and self.trainer.dp == 0 and self.trainer.tp == 0:
             with open(self.args.loss_file, "a") as f:
                 f.write(f"{step} {loss!r} {self.trainer.cfg}\n")
@@ -376,11 +485,19 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"launcher.worker: error: {exc}", file=sys.stderr)
         return 2
+    worker = None
     try:
-        return Worker(args, ctl, device, local, gpn).run()
+        worker = Worker(args, ctl, device, local, gpn)
+        rc = worker.run()
     except Exception:
         traceback.print_exc()
-        return 1
+        rc = 1
+    if worker is not None and worker.used_dcp:
+        # DCP leaves gloo threads that can SIGABRT the interpreter's teardown (facts.md): skip it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def check_curve(rows, upto: int) -> None:
         assert abs(v - r) <= 1e-5 * abs(r), f"step {s} on {lay}: loss {v!r} vs uninterrupted {r!r}"
 
 
-def run_job(tmp_path, monkeypatch, *, nodes, gpn, layouts, fault=None, script=(), stop_at=10, max_s=150):
+def run_job(tmp_path, monkeypatch, *, nodes, gpn, layouts, fault=None, script=(), stop_at=10, max_s=150, options=None):
     """Run a local job until the layout's workers report `stop_at` steps; `script` is
     [(step, fn(launcher))] run once when that step is reached."""
     if fault:
@@ -55,7 +55,7 @@ def run_job(tmp_path, monkeypatch, *, nodes, gpn, layouts, fault=None, script=()
     store = Store(url)
     loss_file = tmp_path / "loss.txt"
     opts = Options(1, nodes, gpn, [ParallelConfig.parse(x) for x in layouts.split(",")], worker_cmd(loss_file),
-                   job_name="t", poll=0.05, ready_timeout=120, migrate_timeout=60)
+                   job_name="t", poll=0.05, ready_timeout=120, migrate_timeout=60, **(options or {}))
     la = Launcher(opts, LocalNodes(nodes, gpn, log_dir=tmp_path / "logs"), store)
     todo = sorted(script)
     t0 = time.monotonic()
