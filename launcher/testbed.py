@@ -476,6 +476,18 @@ StorageLoc={DB_NAME}
         self._spawn(d)
         self._wait("waiting for slurmctld to answer `scontrol ping`", self._ctld_answers, d)
 
+    def stop_slurmctld(self) -> None:
+        """Stop the controller only (fault tests): jobs and their steps keep running on the slurmd."""
+        self._stop_group([self._daemon("slurmctld")])
+
+    def restart_slurmctld(self) -> None:
+        """Start the controller again keeping its saved state (no -c), so running jobs are still known."""
+        d = self._daemon("slurmctld")
+        d = _Daemon(d.name, [a for a in d.argv if a != "-c"], d.exe)
+        self._log("restarting slurmctld (state kept)")
+        self._spawn(d)
+        self._wait("waiting for the restarted slurmctld to answer `scontrol ping`", self._ctld_answers, d)
+
     def _start_slurmds(self) -> None:
         self._log(f"starting {len(NODES)} slurmd ({', '.join(NODES)})")
         for node in NODES:
