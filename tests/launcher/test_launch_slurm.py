@@ -72,7 +72,9 @@ exec {sys.executable} -m launcher.launch --nnodes 2:4 --gpus-per-node 2 --layout
         # USR1 (Slurm's warning signal) with --on-signal suspend: stop at a step boundary, exit
         slurm.signal(job_id, "USR1", batch=True)
         wait("the job to end", lambda: _gone(slurm, job_id), timeout=120)
-        assert store.find_job("elastic-it").state == "suspended"
+        suspended = store.find_job("elastic-it")
+        assert suspended.state == "suspended" and suspended.checkpoint_step > 0
+        assert (Path(suspended.checkpoint_path) / ".metadata").exists()  # written once, resumable anywhere
         assert "SIGUSR1" in (tmp_path / "batch.out").read_text()
     finally:
         try:
