@@ -284,6 +284,27 @@ def unit_checksums(model: ModelSpec, state: LocalState, w: Workload, units: int)
     return out
 
 
+def _judge(gathered: list, verify: bool) -> tuple[list[str], int, dict | None]:
+    """Failures (empty when every device may commit), the step, and the metadata new ranks take."""
+    failures = [f"device {d}: {r}" for d, good, r, *_ in gathered if not good]
+    steps = {s for *_x, s, _m in gathered if s is not None}
+    if len(steps) > 1:
+        failures.append(f"old ranks are at different steps {sorted(steps)}")
+    # run-wide metadata (RNG state, data position) travels from the lowest old device to joiners
+    metas = [m for *_x, m in sorted(gathered, key=lambda g: g[0]) if m is not None]
+    if verify:
+        expected: dict = {}
+        for d, _good, _r, before, *_ in gathered:
+            for key, h in before.items():
+                if expected.setdefault(key, h) != h:
+                    failures.append(f"replicas disagree on {key[0]} {key[1]} unit {key[2]} before migrating")
+        for d, _good, _r, _b, after, *_ in gathered:
+            bad = [k for k, h in after.items() if expected.get(k) != h]
+            if bad:
+                failures.append(f"device {d}: {len(bad)} state units differ from the old layout, e.g. {bad[:3]}")
+    return failures, (steps.pop() if steps else 0), (metas[0] if metas else None)
+
+
 def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_rank: Mapping[int, int] | None = None,
             chunk_bytes: int | None = None, verify: bool = True, group=None,
             on_round: Callable[[int], None] | None = None, release_early: bool = False) -> ExecResult:
@@ -318,38 +339,25 @@ def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_ra
         kept = ("old state partially released (release_early): recover it from replicas or a checkpoint"
                 if release_early else "old layout kept")
         raise MigrationError(f"device {device}: transfer failed ({type(exc).__name__}: {exc}); {kept}") from exc
-    # one exchange carries the checksums, the step and every device's vote
-    gathered: list = [None] * dist.get_world_size(group)
+    # One device judges for all: it gathers every vote, checksum, step and metadata, checks them
+    # once, and broadcasts the verdict (checking on every device costs n times the CPU).
+    size = dist.get_world_size(group)
+    judge = dist.get_global_rank(group, 0) if group is not None else 0
+    gathered: list | None = [None] * size if dist.get_rank() == judge else None
     try:
-        dist.all_gather_object(gathered, (device, ok, reason, before, step, meta), group=group)
+        dist.gather_object((device, ok, reason, before, after, step, meta), gathered, dst=judge, group=group)
+        verdict = [_judge(gathered, verify) if gathered is not None else None]
+        dist.broadcast_object_list(verdict, src=judge, group=group)
     except Exception as exc:
         raise MigrationError(f"device {device}: lost contact during the commit vote ({exc}); old layout kept") from exc
-    failures = [f"device {d}: {r}" for d, good, r, _b, _s, _m in gathered if not good]
-    steps = {s for _d, _g, _r, _b, s, _m in gathered if s is not None}
-    # run-wide metadata (RNG state, data position) travels from the lowest old device to joiners
-    metas = [m for _d, _g, _r, _b, _s, m in sorted(gathered, key=lambda g: g[0]) if m is not None]
-    if len(steps) > 1:
-        failures.append(f"old ranks are at different steps {sorted(steps)}")
-    if verify:
-        expected: dict = {}
-        for d, _good, _r, b, _s, _m in gathered:
-            for key, h in b.items():
-                if expected.setdefault(key, h) != h:
-                    failures.append(f"replicas disagree on {key[0]} {key[1]} unit {key[2]} before migrating")
-        bad = [k for k, h in after.items() if expected.get(k) != h]
-        if bad:
-            failures.append(f"device {device}: {len(bad)} state units differ from the old layout, e.g. {bad[:3]}")
-        # a second vote so that a mismatch on any device aborts every device
-        votes: list = [None] * dist.get_world_size(group)
-        dist.all_gather_object(votes, failures[-1:] if bad else [], group=group)
-        failures += [f for v in votes for f in v if f not in failures]
+    failures, step_after, meta_after = verdict[0]
     if failures:
         raise MigrationError("migration aborted, old layout kept: " + "; ".join(failures[:5]))
     phases["other"] = time.perf_counter() - t0 - phases["execute"]
     if result.state is not None:
-        result.state.step = steps.pop() if steps else 0
-        if not result.state.meta and metas:
-            result.state.meta = dict(metas[0])
+        result.state.step = step_after
+        if not result.state.meta and meta_after is not None:
+            result.state.meta = dict(meta_after)
     result.phases = phases
     result.units_verified = len(after)
     return result

@@ -85,3 +85,18 @@ def test_worker_dying_mid_execute_leaves_the_old_layout(reference_losses):
         for name, t in before.tensors[kind].items():
             assert torch.equal(t, after.tensors[kind][name])
     assert after.step == 2
+
+
+def test_verification_verdict_catches_corruption_and_diverged_replicas():
+    from migrate.executor import _judge
+
+    before = {("layers.0.ln1.weight", "param", -1): 11, ("layers.0.mlp.fc1.weight", "param", 0): 22}
+    good = [(0, True, "", before, {}, 3, {"rng": 1}), (1, True, "", {}, dict(before), None, None)]
+    assert _judge(good, verify=True) == ([], 3, {"rng": 1})
+    corrupted = [good[0], (1, True, "", {}, {**before, ("layers.0.mlp.fc1.weight", "param", 0): 23}, None, None)]
+    failures, _, _ = _judge(corrupted, verify=True)
+    assert failures and "device 1: 1 state units differ" in failures[0]
+    diverged = [good[0], (2, True, "", {("layers.0.ln1.weight", "param", -1): 12}, {}, 3, None), good[1]]
+    assert any("replicas disagree" in f for f in _judge(diverged, verify=True)[0])
+    assert "device 1: boom" in _judge([good[0], (1, False, "boom", {}, {}, None, None)], verify=True)[0][0]
+    assert "different steps" in _judge([good[0], (2, True, "", {}, {}, 4, None)], verify=True)[0][0]
