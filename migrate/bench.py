@@ -38,6 +38,7 @@ class BenchConfig:
     vocab: int = 8192
     seq_len: int = 32
     gpus_per_node: int = 8
+    release_early: bool = False
 
     def model(self) -> ModelSpec:
         return ModelSpec(layers=self.layers, hidden=self.hidden, heads=8, vocab=self.vocab, seq_len=self.seq_len)
@@ -79,7 +80,7 @@ def p2p_bandwidth(nbytes: int = 256 << 20) -> float:
 
 def run_etc(cfg: BenchConfig, prev: ParallelConfig, curr: ParallelConfig) -> dict:
     sc = Scenario(cfg.model(), prev, curr, cfg.train(), steps_before=1, steps_after=1,
-                  gpus_per_node=cfg.gpus_per_node, timeout_s=300)
+                  gpus_per_node=cfg.gpus_per_node, timeout_s=300, release_early=cfg.release_early)
     reports = run_scenario(sc, timeout_s=1800)
     errors = [r.error for r in reports if r.error]
     phases = ("plan", "build_groups", "execute", "rebuild", "other")

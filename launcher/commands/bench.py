@@ -16,6 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=48, help="transformer layers (default 48; must divide by 16 and 6)")
     p.add_argument("--hidden", type=int, default=512, help="hidden size (default 512, 8 heads)")
     p.add_argument("--no-baselines", action="store_true", help="skip the checkpoint baselines (much faster)")
+    p.add_argument("--release-early", action="store_true",
+                   help="free each old tensor after its last send (lower peak memory; a failure half way then "
+                        "needs replicas or a checkpoint instead of the old layout)")
     p.add_argument("--json", action="store_true", help="print one JSON list at the end")
 
 
@@ -27,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from migrate import LayoutError
     from migrate.bench import PAPER_SCENARIOS, BenchConfig, p2p_bandwidth, run_scenario_bench
 
-    cfg = BenchConfig(layers=args.layers, hidden=args.hidden)
+    cfg = BenchConfig(layers=args.layers, hidden=args.hidden, release_early=args.release_early)
     try:
         model = cfg.model()
         for name in args.scenario or PAPER_SCENARIOS:
