@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from db.units import human_bytes
 from db.vocab import PHASES
 
 PHASE_COLOURS = {"plan": "#6366f1", "build_groups": "#0ea5e9", "execute": "#f59e0b",
@@ -46,17 +47,6 @@ def phase_chart(phases: dict[str, float]) -> Chart:
     """Per-phase seconds, in pipeline order, then any total."""
     order = [p for p in PHASES if p in phases] + sorted(set(phases) - set(PHASES))
     return hbar_chart([(p, phases[p], f"{phases[p]:.3f} s", PHASE_COLOURS.get(p, "#94a3b8")) for p in order])
-
-
-def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "–"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def bytes_chart(moved: int | None, checkpoint: int | None) -> Chart:

@@ -17,7 +17,7 @@ from db.base import from_db
 from db.errors import NotFoundError
 from db.models import AdminRequestRow, AuditRowORM, JobRow, UserRow
 from db.records import AdminRequest, AuditRow, User
-from db.vocab import REQUEST_ACTIONS, REQUEST_STATUSES, ROLES, check
+from db.vocab import REQUEST_ACTIONS, ROLES, check
 
 
 def _request(r: AdminRequestRow) -> AdminRequest:

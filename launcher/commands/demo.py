@@ -4,16 +4,16 @@ Runs the real launcher with the local backend (N simulated nodes of G devices, o
 process per device, gloo over loopback): train, shrink to one node, train, grow back, train,
 stop. Every rank map and migration goes to a SQLite database (`elastic dashboard --db ...`
 shows it). For each migration it prints the per-phase timings next to the checkpoint
-baseline: the bytes a save + load round trip would move, and with --measure-baseline the
-measured time of a DCP checkpoint restart of the same relayout.
+baseline: the bytes a save + load round trip would move and the measured time of a DCP
+checkpoint restart (save, new processes, resharding load) of the same relayout.
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
+from db.units import human_bytes
 from launcher.errors import UsageError
 
 DEFAULT_DB = "var/elastic-demo.db"
@@ -29,29 +29,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps-between", type=int, default=4, help="training steps between changes (default 4)")
     p.add_argument("--db", default=None, help=f"SQLite path or URL for the records (default {DEFAULT_DB})")
     p.add_argument("--log-dir", type=Path, default=None, help="worker output (default: a folder next to the database)")
-    p.add_argument("--measure-baseline", action="store_true",
-                   help="also time a DCP checkpoint restart of each relayout (migrate.baselines), if available")
+    p.add_argument("--no-baseline", dest="measure_baseline", action="store_false",
+                   help="skip timing a DCP checkpoint restart of each relayout (saves ~10 s per migration)")
 
 
-def _fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    v = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if v < 1024 or unit == "GiB":
-            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
-        v /= 1024
-    return str(n)
-
-
-def _baseline(out, model, port_base: int) -> str:
-    try:
-        from migrate.baselines import run_baseline
-        from migrate.layout import ParallelConfig
-        from migrate.train import TrainConfig
-    except ImportError:
-        return "n/a (migrate.baselines not available)"
+def _baseline(out, model) -> str:
+    """Seconds a DCP save + restart + resharding load of the same relayout takes on this machine."""
     from launcher.control import free_port
+    from migrate.baselines import run_baseline
+    from migrate.layout import ParallelConfig
+    from migrate.train import TrainConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -59,10 +46,7 @@ def _baseline(out, model, port_base: int) -> str:
                                tc=TrainConfig(), workdir=Path(tmp), port=free_port())
         except Exception as exc:  # a measurement, never a reason to fail the demo
             return f"failed ({type(exc).__name__}: {exc})"
-    total = getattr(res, "total_s", None)
-    if total is None and hasattr(res, "phases"):
-        total = sum(res.phases.values())
-    return f"{total:.2f} s" if total is not None else str(res)
+    return f"{res.total_s:.2f} s"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,16 +106,16 @@ def run(args: argparse.Namespace) -> int:
     migs = [o for o in launcher.outcomes if o.migration_id is not None]
     say("")
     say("migration            nodes  at step  plan    groups  execute rebuild other   total   moved      "
-        "checkpoint bit-exact" + ("  measured DCP restart" if args.measure_baseline else ""))
+        "checkpoint bit-exact" + ("  DCP checkpoint restart" if args.measure_baseline else ""))
     for o in migs:
         ph = o.phases
         total = sum(ph.values())
         line = (f"{o.from_layout + '->' + o.to_layout:<20} {o.nodes_before}->{o.nodes_after:<3} {str(o.at_step):>7}  "
                 + "  ".join(f"{ph.get(p, 0):.3f}s" for p in ("plan", "build_groups", "execute", "rebuild", "other"))
-                + f"  {total:.3f}s  {_fmt_bytes(o.bytes_moved):<10} {_fmt_bytes(o.bytes_checkpoint):<10} "
+                + f"  {total:.3f}s  {human_bytes(o.bytes_moved):<10} {human_bytes(o.bytes_checkpoint):<10} "
                 f"{'yes' if o.bit_exact else 'NO' if o.ok else 'failed: ' + o.message}")
         if args.measure_baseline and o.ok:
-            line += "  " + _baseline(o, model, 0)
+            line += "  " + _baseline(o, model)
         say(line)
     say("")
     say("checkpoint = bytes a save + load round trip moves (one replica written, each new rank's share read).")

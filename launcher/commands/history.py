@@ -9,6 +9,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from db.units import human_bytes
 from db.urls import default_url
 
 if TYPE_CHECKING:
@@ -47,23 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fmt.add_argument("--csv", action="store_true", help="print CSV with a header row")
 
 
-def _fmt_bytes(n: Any) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return str(n)
-
-
 def _table(rows: list[dict[str, Any]]) -> str:
     header = ["ID", "JOB", "TRIGGER", "STATUS", "FROM -> TO", "STARTED (UTC)", "SECONDS", "MOVED",
               "CHECKPOINT", "VERIFIED"]
     body = [[str(r["id"]), r["job_name"], r["trigger"], r["status"], f"{r['from_layout']} -> {r['to_layout']}",
              r["started_at"][:19].replace("T", " "), "-" if r["duration_s"] is None else f"{r['duration_s']:.2f}",
-             _fmt_bytes(r["bytes_moved"]), _fmt_bytes(r["bytes_checkpoint"]),
+             human_bytes(r["bytes_moved"]), human_bytes(r["bytes_checkpoint"]),
              {True: "bit-exact", False: "MISMATCH", None: "-"}[r["bit_exact"]]] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(header, *body)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *body])

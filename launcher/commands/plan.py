@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from db.units import human_bytes
 from launcher.errors import UsageError
 
 
@@ -64,14 +65,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 def render(p) -> str:
     """The plan as a person reads it: pairs and placement, per-device traffic, totals."""
     s = p.summary()
@@ -81,17 +74,17 @@ def render(p) -> str:
     for row, (rank, old) in zip(s["placement"], s["pairs"]):
         dev = row["device"]
         lines.append(f" {rank:4d}  {row['pp']:2d} {row['dp']:2d} {row['tp']:2d}  {row['node'] + ':' + str(row['gpu']):12s}"
-                     f" {('dev ' + str(old)) if old is not None else 'new device':>10s}  {_size(recv.get(dev, 0)):>10s}"
-                     f"  {_size(send.get(dev, 0)):>10s}")
+                     f" {('dev ' + str(old)) if old is not None else 'new device':>10s}  {human_bytes(recv.get(dev, 0)):>10s}"
+                     f"  {human_bytes(send.get(dev, 0)):>10s}")
     departing = sorted(set(send) - set(p.curr.devices))
     for dev in departing:
-        lines.append(f"  (departing dev {dev} on {p.topology.devices[dev].node} sends {_size(send[dev])})")
+        lines.append(f"  (departing dev {dev} on {p.topology.devices[dev].node} sends {human_bytes(send[dev])})")
     pct = 100 * s["bytes_moved"] / s["bytes_checkpoint"] if s["bytes_checkpoint"] else 0
     lines += ["",
-              f"bytes moved       {_size(s['bytes_moved'])}  ({pct:.1f}% of a checkpoint round trip, "
-              f"{_size(s['bytes_checkpoint'])})",
-              f"one full replica  {_size(s['bytes_state_total'])}",
-              f"busiest device    sends {_size(s['max_device_send_bytes'])}, receives {_size(s['max_device_recv_bytes'])}",
+              f"bytes moved       {human_bytes(s['bytes_moved'])}  ({pct:.1f}% of a checkpoint round trip, "
+              f"{human_bytes(s['bytes_checkpoint'])})",
+              f"one full replica  {human_bytes(s['bytes_state_total'])}",
+              f"busiest device    sends {human_bytes(s['max_device_send_bytes'])}, receives {human_bytes(s['max_device_recv_bytes'])}",
               f"instructions      {s['instruction_counts']['send']} send / {s['instruction_counts']['recv']} recv / "
               f"{s['instruction_counts']['refer']} refer",
               f"nodes released    {', '.join(s['nodes_released']) or 'none'}"]
