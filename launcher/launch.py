@@ -14,6 +14,15 @@ boundary, let departing workers exit, give their nodes back (`scontrol update`),
 the rank map and the migration with its phases in the database. A failed migration or node
 release leaves the job on its old layout, with the failure recorded.
 
+Growing beyond the nodes the job holds (it was submitted on fewer, or gave some back, and Slurm
+never returns released nodes; 22.05 cannot `--dependency=expand` a job with GRES) submits a
+companion job (launcher.slurm.build_companion_command: same partition, whole nodes with the same
+GPUs and tasks per node, named <job>-companion-<n>). Once it runs (within --companion-timeout),
+its workers are started as steps of the companion job with the same environment, join this
+control plane, and the grow is a normal migration. A shrink that empties it cancels it; one that
+never starts is cancelled and the grow is recorded as failed ("companion job N did not start
+within T s") while the job trains on.
+
 When the last devices must go (USR1 with --on-signal suspend, a `suspend` request) the workers
 write the state once (migrate.checkpoint) into --checkpoint-dir/step-<S> at an agreed step
 boundary and exit; the job is recorded as suspended with that checkpoint. `elastic-launch
@@ -141,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds new workers have to start and register (default 180)")
     p.add_argument("--migrate-timeout", type=float, default=300.0,
                    help="seconds a migration may take before it counts as failed (default 300)")
+    p.add_argument("--companion-timeout", type=float, default=120.0,
+                   help="Slurm: growing beyond the nodes the job holds submits a companion job (same partition, "
+                        "GPUs and tasks per node) whose steps run the new workers; it has this many seconds to "
+                        "start (and its workers to register) or it is cancelled and the grow fails (default 120)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the srun and scontrol commands it would run and exit; starts and writes nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
@@ -163,6 +176,7 @@ class Options:
     poll: float = 0.2
     ready_timeout: float = 180.0
     migrate_timeout: float = 300.0
+    companion_timeout: float = 120.0
     model: object = None
     trigger_default: str = "resize"
     checkpoint_dir: Path | None = None
@@ -184,6 +198,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError(f"--gpus-per-node must be at least 1, got {gpn}")
     layouts = parse_layouts(args.layouts)
     model = model_from_command(command)
+    if args.companion_timeout <= 0:
+        raise UsageError(f"--companion-timeout must be a positive number of seconds, got {args.companion_timeout}")
     if args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be 0 (off) or a number of steps, got {args.checkpoint_every}")
     from launcher.policy import NoLayoutError, check_node_range
@@ -195,13 +211,29 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return Options(lo, hi, gpn, layouts, command, db_url=args.db, on_signal=args.on_signal,
                    job_name=args.job_name or os.environ.get("SLURM_JOB_NAME") or "elastic",
                    master_addr=args.master_addr or "127.0.0.1", master_port=args.master_port, poll=args.poll,
-                   ready_timeout=args.ready_timeout, migrate_timeout=args.migrate_timeout, model=model,
+                   ready_timeout=args.ready_timeout, migrate_timeout=args.migrate_timeout,
+                   companion_timeout=args.companion_timeout, model=model,
                    checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume)
 
 
 # ----------------------------------------------------------------------------------- launcher
 class MigrationFailed(RuntimeError):
     pass
+
+
+# Slurm states of a job that will never run (again)
+ENDED_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "TIMEOUT")
+
+
+def grow_choice(active: Sequence[str], alloc: Sequence[str], gone: set[str] | frozenset[str],
+                want: int) -> tuple[list[str], int]:
+    """How to reach `want` nodes: (idle nodes of the allocation to start workers on, how many more
+    nodes a companion job must bring). Released nodes (`gone`) never come back to the allocation."""
+    idle = [x for x in alloc if x not in set(active) and x not in gone]
+    more = max(want - len(active), 0)
+    take = idle[:more]
+    return take, more - len(take)
 
 
 @dataclass
@@ -272,12 +304,15 @@ class Launcher:
 
     def _start_nodes(self, nodes: list[str], first_event: int) -> None:
         for n in nodes:
+            for d in self.node_devices(n):  # registrations of earlier workers of this node (a grow after a shrink)
+                self.ctl.store.delete_key(f"ready/{d}")
             self.log(f"starting workers on {n}")
             self.handles[n] = self.backend.start(n, self.index[n], self.base_env(first_event), self.opts.command)
 
-    def _wait_ready(self, nodes: list[str]) -> None:
+    def _wait_ready(self, nodes: list[str], timeout: float | None = None, note: str = "") -> None:
         devs = [d for n in nodes for d in self.node_devices(n)]
-        deadline = time.monotonic() + self.opts.ready_timeout
+        timeout = self.opts.ready_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         while True:
             ready = self.ctl.ready(devs)
             if len(ready) == len(devs) and self.ctl.model() is not None:
@@ -285,11 +320,11 @@ class Launcher:
             for n in nodes:
                 bad = {d: rc for d, rc in self.handles[n].exited().items() if d not in ready}
                 if bad:
-                    raise MigrationFailed(f"workers on {n} exited before registering (exit codes {bad}); "
+                    raise MigrationFailed(f"workers on {n}{note} exited before registering (exit codes {bad}); "
                                           "see their output")
             if time.monotonic() > deadline:
-                raise MigrationFailed(f"workers {sorted(set(devs) - set(ready))} did not register within "
-                                      f"{self.opts.ready_timeout:.0f} s")
+                raise MigrationFailed(f"workers {sorted(set(devs) - set(ready))}{note} did not register within "
+                                      f"{timeout:.0f} s")
             time.sleep(0.1)
 
     def _entries(self, rank_map) -> list[dict]:
@@ -389,7 +424,8 @@ class Launcher:
         self.db.set_job_state(job.id, "running")
 
     # -- one migration ------------------------------------------------------------------------
-    def migrate_to(self, target: list[str], trigger: str, failed: Sequence[int] = ()) -> Outcome:
+    def migrate_to(self, target: list[str], trigger: str, failed: Sequence[int] = (),
+                   ready_timeout: float | None = None, note: str = "") -> Outcome:
         """Move the job onto the nodes `target` (pinned node included) with the next layout."""
         from migrate.instructions import LostStateError
         from migrate.layout import LayoutError
@@ -426,7 +462,7 @@ class Launcher:
         try:
             if new_nodes:
                 self._start_nodes(new_nodes, e)
-                self._wait_ready(new_nodes)
+                self._wait_ready(new_nodes, ready_timeout, note)
             participants = sorted((set(p.prev.devices) - set(p.failed)) | set(p.curr.devices))
             exit_ok = sorted(d for n in leaving for d in self.node_devices(n))
             exit_fail = sorted(d for n in new_nodes for d in self.node_devices(n))
@@ -468,11 +504,14 @@ class Launcher:
         for n in leaving:
             self._reap(n)
         error = None
+        ended = []
         if leaving:
             gone = self.gone
             keep = [n for n in self.alloc if n not in leaving and n not in gone]
+            companions = set(getattr(self.backend, "companion_jobs", list)())
             try:
                 self.backend.release(keep)
+                ended = sorted(companions - set(getattr(self.backend, "companion_jobs", list)()))
                 for n in leaving:
                     self.db.set_node_state(self.job_id, n, "released")
             except Exception as exc:  # SlurmError: the job keeps running, the nodes stay allocated
@@ -485,6 +524,10 @@ class Launcher:
         out.ok = error is None
         out.nodes_after = len(self.active)
         out.message = error or f"{out.from_layout} -> {out.to_layout}, {len(before)} -> {out.nodes_after} nodes"
+        if ended:
+            out.message += "; companion job " + ", ".join(map(str, ended)) + " cancelled"
+            self.db.audit("elastic-launch", "companion", f"job:{self.job_id}",
+                          f"companion job {', '.join(map(str, ended))} cancelled: its nodes were given back")
         self.log(out.message + f" (at step {out.at_step}, phases " +
                  ", ".join(f"{k} {v:.3f}s" for k, v in phases.items()) + ")")
         self.outcomes.append(out)
@@ -559,22 +602,125 @@ class Launcher:
         return self.migrate_to(keep, trigger)
 
     def _keep_order(self) -> list[str]:
-        """Active nodes, the pinned batch node first, then those running most ranks."""
+        """Active nodes, the pinned batch node first, then the job's own nodes before those of companion
+        jobs (a companion's batch host before its other nodes: it can only be cancelled, not shrunk
+        away), then those running most ranks."""
         used: dict[str, int] = {}
         for d in self.current.devices:
             node = self.topology.devices[d].node
             used[node] = used.get(node, 0) + 1
-        return sorted(self.active, key=lambda n: (n != self.backend.batch_node, -used.get(n, 0), self.index[n]))
+        node_job = getattr(self.backend, "node_job", {})
+
+        def companion_rank(n: str) -> int:
+            return 0 if n not in node_job else 1 if self.backend.is_companion_batch(n) else 2
+
+        return sorted(self.active, key=lambda n: (n != self.backend.batch_node, companion_rank(n),
+                                                  -used.get(n, 0), self.index[n]))
 
     def grow_to(self, n: int, trigger: str) -> Outcome:
         n = min(n, self.opts.max_nodes)
-        idle = [x for x in self.alloc if x not in self.handles and x not in self.gone]
-        if n - len(self.active) > len(idle):
-            out = Outcome(trigger, False, f"only {len(idle)} idle node(s) left in the allocation; growing beyond "
-                                          "it (companion job) is not built yet", from_layout=str(self.current.layout))
+        take, missing = grow_choice(self.active, self.alloc, self.gone, n)
+        if not missing:
+            return self.migrate_to(self.active + take, trigger)
+        if not hasattr(self.backend, "submit_companion"):
+            out = Outcome(trigger, False, f"only {len(take)} idle node(s) left in the allocation; the "
+                                          f"{self.backend.name} backend cannot grow beyond it",
+                          from_layout=str(self.current.layout))
             self.outcomes.append(out)
             return out
-        return self.migrate_to(self.active + idle[:n - len(self.active)], trigger)
+        got = self._companion(missing, n, trigger)
+        if isinstance(got, Outcome):
+            return got
+        cid, extra, remaining = got
+        out = self.migrate_to(self.active + take + extra, trigger, ready_timeout=remaining,
+                              note=f" (companion job {cid})")
+        on_it = {self.topology.devices[d].node for d in self.current.devices} & set(extra)
+        if not out.ok and not on_it:  # the grow did not happen: give the companion's nodes back
+            for x in extra:
+                h = self.handles.pop(x, None)
+                if h is not None:
+                    h.kill()
+            self._drop_companion(cid, extra, f"the grow failed: {out.message}")
+            out.message = f"{out.message} (companion job {cid} cancelled)"
+        return out
+
+    def _companion(self, count: int, want: int, trigger: str):
+        """Submit a companion job for `count` more nodes and wait (--companion-timeout) until it runs.
+        Returns (its Slurm id, its nodes, seconds left for its workers to register), or the failed
+        Outcome (recorded as a failed migration) when it could not be submitted or did not start."""
+        from launcher.slurm import SlurmError
+        from migrate.layout import LayoutError
+        from migrate.topology import Device, Topology
+
+        limit = self.opts.companion_timeout
+        out = Outcome(trigger, False, "", from_layout=str(self.current.layout), nodes_before=len(self.active),
+                      nodes_after=len(self.active))
+        try:
+            to_layout = str(self.choose(want * self.gpn))
+        except LayoutError:
+            to_layout = "?"
+        exclude = [x for x in self.alloc if x not in self.gone]  # nodes held now: the companion must not pack onto them
+
+        def fail(msg: str) -> Outcome:
+            out.message = msg
+            self._record_failed(out, trigger, to_layout, {"companion_nodes": count}, msg)
+            return out
+
+        try:
+            cid = self.backend.submit_companion(self.opts.job_name, count, exclude)
+        except SlurmError as exc:  # sbatch refused it
+            return fail(f"companion job for {count} more node(s) could not be submitted: {exc}")
+        self.log(f"companion job {cid}: asking Slurm for {count} more node(s), waiting up to {limit:.0f} s")
+        self.db.audit("elastic-launch", "companion", f"job:{self.job_id}",
+                      f"companion job {cid} submitted for {count} more node(s)")
+        deadline = time.monotonic() + limit
+        info = None
+        while True:
+            try:
+                info = self.backend.companion_info(cid)
+            except (SlurmError, ValueError) as exc:  # slurmctld busy or away for a moment: ask again
+                self.log(f"companion job {cid}: {exc}")
+            if info is not None:
+                state = info.state.upper()
+                if state == "RUNNING" and len(info.nodes) >= count:
+                    break
+                if state in ENDED_STATES:
+                    self._drop_companion(cid, [], f"it ended ({info.state}) before it started")
+                    return fail(f"companion job {cid} ended ({info.state}) before it started")
+            if time.monotonic() >= deadline:
+                why = f" (Slurm: {info.state}, reason {info.reason or 'none'})" if info is not None else ""
+                msg = f"companion job {cid} did not start within {limit:.0f} s{why}"
+                self._drop_companion(cid, [], "it did not start in time")
+                return fail(msg + "; cancelled, the job keeps training on what it has")
+            time.sleep(min(0.5, max(limit / 10, 0.05)))
+        nodes = list(info.nodes)
+        self.backend.adopt_companion(cid, nodes, info.batch_host)
+        new = [x for x in nodes if x not in self.index]
+        if new:
+            base = len(self.topology.devices)
+            devices = tuple(Device(base + i * self.gpn + g, x, g) for i, x in enumerate(new) for g in range(self.gpn))
+            self.topology = Topology(self.topology.devices + devices, self.topology.pinned)
+            for x in new:
+                self.index[x] = len(self.alloc)
+                self.alloc.append(x)
+        for x in nodes:
+            self.db.set_node_state(self.job_id, x, "idle")  # held again (a released name may come back)
+        self.log(f"companion job {cid} runs on {','.join(nodes)}")
+        self.db.audit("elastic-launch", "companion", f"job:{self.job_id}",
+                      f"companion job {cid} started on {','.join(nodes)}")
+        return cid, nodes, max(deadline - time.monotonic(), 30.0)
+
+    def _drop_companion(self, cid: int, nodes: Sequence[str], why: str) -> None:
+        from launcher.slurm import SlurmError
+
+        try:
+            self.backend.cancel_companion(cid)
+        except SlurmError as exc:  # already gone, or slurmctld away: the companion's script ends with the job
+            self.log(f"cancelling companion job {cid} failed: {exc}")
+        for x in nodes:
+            self.db.set_node_state(self.job_id, x, "released")
+        self.log(f"companion job {cid} cancelled: {why}")
+        self.db.audit("elastic-launch", "companion", f"job:{self.job_id}", f"companion job {cid} cancelled: {why}")
 
     def preempt(self, nodes: list[str], trigger: str) -> Outcome:
         if self.backend.batch_node in nodes:
@@ -815,6 +961,11 @@ class Launcher:
             signal.signal(signal.SIGTERM, old_term)
             for h in self.handles.values():
                 h.kill()
+            for cid in getattr(self.backend, "companion_jobs", list)():
+                try:
+                    self.backend.cancel_companion(cid)
+                except Exception as exc:  # noqa: BLE001 -- leaving anyway; the companion's script ends with the job
+                    self.log(f"cancelling companion job {cid} failed: {exc}")
 
     def _on_usr1(self, _sig, _frame) -> None:
         self.log("SIGUSR1 received")

@@ -115,7 +115,12 @@ class LocalNodes:
 
 
 class SlurmNodes:
-    """Workers as `srun --overlap` steps of the running Slurm job `job_id`."""
+    """Workers as `srun --overlap` steps of the running Slurm job `job_id`, and of its companion jobs.
+
+    A companion job (launcher.slurm.build_companion_command) holds nodes beyond the allocation:
+    Slurm 22.05 cannot grow a job with GRES and never gives released nodes back. Workers on its
+    nodes are steps of the companion job; giving its nodes back shrinks or cancels it.
+    """
 
     name = "slurm"
 
@@ -123,6 +128,10 @@ class SlurmNodes:
         self.slurm, self.job_id, self.gpus_per_node = slurm, job_id, gpus_per_node
         self.info = info or slurm.job_info(job_id)
         self.log_dir = log_dir
+        self.held: dict[int, list[str]] = {int(job_id): list(self.info.nodes)}  # Slurm job -> nodes it holds
+        self.node_job: dict[str, int] = {}  # node -> the companion job it belongs to
+        self.companion_batch: dict[int, str] = {}  # companion job -> its batch host (never shrunk away)
+        self.companions_submitted = 0
 
     def allocation(self) -> list[str]:
         nodes = list(self.info.nodes)
@@ -143,10 +152,14 @@ class SlurmNodes:
         env.update({C.ENV_NODE: node, C.ENV_NODE_INDEX: str(index)})
         return env
 
+    def job_of(self, node: str) -> int:
+        """The Slurm job whose steps run on `node`: a companion job's, else the launcher's own."""
+        return self.node_job.get(node, self.job_id)
+
     def commands_for_start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> list[list[str]]:
         from launcher.slurm import build_srun_command
 
-        return [build_srun_command(self.job_id, [node], self.gpus_per_node, self.gpus_per_node,
+        return [build_srun_command(self.job_of(node), [node], self.gpus_per_node, self.gpus_per_node,
                                    self.step_env(node, index, base), resolve_python(argv))]
 
     def commands_for_release(self, keep: Sequence[str]) -> list[list[str]]:
@@ -159,15 +172,81 @@ class SlurmNodes:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"step-{node}.log", "ab")
-        step = self.slurm.start_step(self.job_id, [node], self.gpus_per_node, self.gpus_per_node,
+        job = self.job_of(node)
+        kwargs = {"other_job": True} if job != self.job_id else {}  # a companion's step: none of our SLURM_*
+        step = self.slurm.start_step(job, [node], self.gpus_per_node, self.gpus_per_node,
                                      self.step_env(node, index, base), resolve_python(argv),
-                                     stdout=out, stderr=subprocess.STDOUT if out else None)
+                                     stdout=out, stderr=subprocess.STDOUT if out else None, **kwargs)
         if out is not None:
             out.close()
         return NodeHandle(node, [index * self.gpus_per_node + g for g in range(self.gpus_per_node)], step=step)
 
+    # -- companion jobs -------------------------------------------------------------------------
+    @property
+    def partition(self) -> str:
+        return getattr(self.info, "partition", "") or ""
+
+    def companion_command(self, job_name: str, n: int, nodes: int, exclude: Sequence[str]) -> tuple[list[str], str]:
+        """(sbatch argv, script) of companion job number n: pure, what submit_companion runs."""
+        from launcher.slurm import build_companion_command, build_companion_script
+
+        output = self.log_dir / f"companion-{n}-%j.out" if self.log_dir is not None else "/dev/null"
+        return (build_companion_command(job_name, n, nodes, self.gpus_per_node, self.partition, exclude, output),
+                build_companion_script(self.job_id))
+
+    def submit_companion(self, job_name: str, nodes: int, exclude: Sequence[str]) -> int:
+        """Submit the next companion job asking for `nodes` nodes (not `exclude`); returns its Slurm id."""
+        self.companions_submitted += 1
+        cmd, script = self.companion_command(job_name, self.companions_submitted, nodes, exclude)
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        return self.slurm.submit(script, extra_args=cmd[2:])  # cmd = sbatch --parsable ARGS
+
+    def companion_info(self, job_id: int):
+        return self.slurm.job_info(job_id)
+
+    def adopt_companion(self, job_id: int, nodes: Sequence[str], batch_host: str | None) -> None:
+        """The companion job runs on `nodes`: its steps run the workers there from now on."""
+        self.held[int(job_id)] = list(nodes)
+        self.companion_batch[int(job_id)] = batch_host or nodes[0]
+        for n in nodes:
+            self.node_job[n] = int(job_id)
+
+    def cancel_companion(self, job_id: int) -> None:
+        """scancel the companion job (pending or running) and forget its nodes."""
+        job_id = int(job_id)
+        try:
+            self.slurm.cancel(job_id)
+        finally:
+            for n in self.held.pop(job_id, []):
+                if self.node_job.get(n) == job_id:
+                    del self.node_job[n]
+            self.companion_batch.pop(job_id, None)
+
+    def companion_jobs(self) -> list[int]:
+        return [j for j in self.held if j != int(self.job_id)]
+
+    def is_companion_batch(self, node: str) -> bool:
+        return node in self.node_job and self.companion_batch.get(self.node_job[node]) == node
+
     def release(self, keep: Sequence[str]) -> None:
-        self.slurm.shrink(self.job_id, keep)
+        """Give back every node not in `keep`: shrink the launcher's job (only when it loses nodes),
+        shrink a companion job that keeps some nodes, cancel one that keeps none."""
+        keep_set = set(keep)
+        main = int(self.job_id)
+        kept_main = [n for n in self.held[main] if n in keep_set]
+        if kept_main != self.held[main]:
+            self.slurm.shrink(self.job_id, kept_main)
+            self.held[main] = kept_main
+        for job in self.companion_jobs():
+            kept = [n for n in self.held[job] if n in keep_set]
+            if not kept:
+                self.cancel_companion(job)
+            elif kept != self.held[job]:
+                self.slurm.shrink(job, kept)
+                for n in set(self.held[job]) - set(kept):
+                    self.node_job.pop(n, None)
+                self.held[job] = kept
 
 
 def shell_line(cmd: Sequence[str]) -> str:

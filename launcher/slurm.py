@@ -50,6 +50,7 @@ class JobInfo:
     num_nodes: int
     name: str = ""
     reason: str = ""
+    partition: str = field(default="", compare=False)  # not compared: older records and goldens lack it
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,12 @@ def build_srun_command(job_id: int | str, nodes: Sequence[str], ntasks_per_node:
     return cmd + list(argv)
 
 
+def env_outside_job(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without the SLURM_* variables of the job this process runs in (SLURM_CONF kept): for
+    srun/sbatch aimed at another job, so none of this job's settings leak into it."""
+    return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
 def _checked_env(env: Mapping[str, str]) -> list[tuple[str, str]]:
     items = sorted(env.items())
     for key, _ in items:
@@ -238,6 +245,64 @@ def build_sbatch_command(script_path: str | Path | None = None,
     return cmd
 
 
+def companion_job_name(job_name: str, n: int) -> str:
+    """Name of the n-th companion job of `job_name` (n counts from 1 for the launcher's lifetime)."""
+    return f"{job_name}-companion-{n}"
+
+
+def build_companion_args(job_name: str, n: int, nodes: int, gpus_per_node: int, partition: str = "",
+                         exclude: Sequence[str] = (), output: str | Path | None = None) -> list[str]:
+    """sbatch options of a companion job: `nodes` more whole nodes for a running elastic job.
+
+    Slurm 22.05 cannot grow a job that holds GRES (`--dependency=expand` fails with "has
+    allocated GRES") and never gives a job its released nodes back, so the launcher asks for
+    the extra nodes as a second batch job in the same partition, with the same GPUs and tasks
+    per node, and starts the workers on them as steps of that job. `exclude` keeps the
+    companion off nodes the job already holds (the scheduler would otherwise pack it onto their
+    free cores). `--no-requeue`: a companion that lost a node must not come back on its own.
+    """
+    if nodes < 1:
+        raise ValueError(f"build_companion_args: nodes must be >= 1, got {nodes}")
+    if gpus_per_node < 1:
+        raise ValueError(f"build_companion_args: gpus_per_node must be >= 1, got {gpus_per_node}")
+    args = [f"--job-name={companion_job_name(job_name, n)}"]
+    if partition:
+        args.append(f"--partition={partition}")
+    args += [f"--nodes={nodes}", f"--gres=gpu:{gpus_per_node}", f"--ntasks-per-node={gpus_per_node}"]
+    if exclude:
+        args.append(f"--exclude={compress_hostlist(exclude)}")
+    args.append("--no-requeue")
+    if output is not None:
+        args.append(f"--output={output}")
+    return args
+
+
+def build_companion_script(main_job_id: int | str, poll_s: int = 5) -> str:
+    """The companion job's batch script: it only holds the nodes. The launcher starts the workers
+    as steps of this job (`srun --jobid=<companion> --overlap ...`, the same environment as the
+    workers of its own job: ELASTIC_STORE, MASTER_ADDR, MASTER_PORT, ELASTIC_NODE_INDEX), so they
+    join the launcher's control plane. The script ends by itself once the main job is gone (not
+    when slurmctld merely does not answer), so a launcher that died leaves no companion behind."""
+    return f"""#!/bin/bash
+# Companion of Slurm job {main_job_id}: holds nodes; elastic-launch starts the workers as steps of this job.
+while :; do
+    state=$(scontrol show job {main_job_id} 2>&1)
+    case "$state" in
+        *JobState=RUNNING*|*JobState=SUSPENDED*) ;;
+        *JobState=*|*"Invalid job id"*) exit 0 ;;
+    esac
+    sleep {poll_s}
+done
+"""
+
+
+def build_companion_command(job_name: str, n: int, nodes: int, gpus_per_node: int, partition: str = "",
+                            exclude: Sequence[str] = (), output: str | Path | None = None) -> list[str]:
+    """The full sbatch line of a companion job (its script, build_companion_script, goes on stdin)."""
+    return build_sbatch_command(None, build_companion_args(job_name, n, nodes, gpus_per_node, partition,
+                                                           exclude, output))
+
+
 def build_cancel_command(job_id: int | str) -> list[str]:
     return ["scancel", str(job_id)]
 
@@ -273,6 +338,7 @@ def parse_scontrol_show_job(text: str) -> JobInfo:
         num_nodes=_leading_int(fields.get("NumNodes", "0")),
         name=fields.get("JobName", ""),
         reason=fields.get("Reason", ""),
+        partition=fields.get("Partition", ""),
     )
 
 
@@ -316,6 +382,7 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
             num_nodes=int(job.get("node_count") or 0),
             name=job.get("name", ""),
             reason=job.get("state_reason", ""),
+            partition=job.get("partition", "") or "",
         ))
     return jobs
 
@@ -402,7 +469,7 @@ class SlurmBackend(Protocol):
 
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
                    gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
-                   overlap: bool = True, **popen_kwargs: Any) -> subprocess.Popen: ...
+                   overlap: bool = True, other_job: bool = False, **popen_kwargs: Any) -> subprocess.Popen: ...
 
 
 class SlurmCommands:
@@ -513,10 +580,13 @@ class SlurmCommands:
 
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
                    gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
-                   overlap: bool = True, **popen_kwargs: Any) -> subprocess.Popen:
-        """Start `srun` for one step and return at once; the caller owns the process."""
+                   overlap: bool = True, other_job: bool = False, **popen_kwargs: Any) -> subprocess.Popen:
+        """Start `srun` for one step and return at once; the caller owns the process.
+
+        other_job=True: the step belongs to another job than the one this process runs in (a
+        companion job), so srun gets none of this job's SLURM_* variables (SLURM_CONF stays)."""
         cmd = build_srun_command(job_id, nodes, ntasks_per_node, gpus_per_node, env, argv, overlap)
-        popen_kwargs.setdefault("env", self._env())
+        popen_kwargs.setdefault("env", env_outside_job(self._env()) if other_job else self._env())
         try:
             return subprocess.Popen(cmd, **popen_kwargs)
         except FileNotFoundError as exc:

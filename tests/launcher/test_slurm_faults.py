@@ -3,8 +3,8 @@
 `elastic resize` shrinks a 2-node job to 1; slurmctld is stopped as soon as the migration starts,
 so the release (`scontrol update ... NodeList=`) after the state moved is refused; slurmctld is
 then restarted with its saved state. The job keeps training on the node it has, and `elastic
-history` says what happened (the error text). A companion job that never starts is not tested
-here (growing through a companion job is not built yet).
+history` says what happened (the error text). A companion job that never starts is tested in
+test_slurm_companion.py.
 """
 from __future__ import annotations
 
