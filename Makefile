@@ -3,7 +3,7 @@
 
 demo:
 	scripts/bootstrap.sh
-	.venv/bin/elastic demo
+	.venv/bin/elastic demo $(ARGS)
 
 test:
 	scripts/bootstrap.sh

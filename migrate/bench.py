@@ -44,7 +44,7 @@ class BenchConfig:
         return ModelSpec(layers=self.layers, hidden=self.hidden, heads=8, vocab=self.vocab, seq_len=self.seq_len)
 
     def train(self) -> TrainConfig:
-        return TrainConfig(global_batch=8, micro_batch=1, seq_len=self.seq_len)
+        return TrainConfig(global_batch=24, micro_batch=1, seq_len=self.seq_len)  # splits over dp 1, 2, 3
 
 
 def _p2p_worker(rank: int, port: int, nbytes: int, queue) -> None:

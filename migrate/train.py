@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from migrate.gpt import GPTStage, TPGroup
-from migrate.layout import ModelSpec, ParallelConfig
+from migrate.layout import LayoutError, ModelSpec, ParallelConfig
 from migrate.state import LocalState, rank_workload
 
 
@@ -62,6 +62,10 @@ class Trainer:
 
     def __init__(self, model: ModelSpec, cfg: ParallelConfig, rank: int, state: LocalState,
                  world_rank: list[int], groups: Groups, tc: TrainConfig) -> None:
+        if tc.global_batch % (cfg.dp * tc.micro_batch):
+            raise LayoutError(f"{cfg}: global batch {tc.global_batch} does not split into dp={cfg.dp} replicas "
+                              f"of micro-batches of {tc.micro_batch}; pick a global batch divisible by "
+                              f"{cfg.dp * tc.micro_batch}")
         self.model, self.cfg, self.rank, self.tc = model, cfg, rank, tc
         self.world_rank, self.groups = world_rank, groups
         self.pp, self.dp, self.tp = cfg.coords(rank)

@@ -10,7 +10,9 @@ checkpoint restart (save, new processes, resharding load) of the same relayout.
 from __future__ import annotations
 
 import argparse
+import logging
 import tempfile
+import time
 from pathlib import Path
 
 from db.units import human_bytes
@@ -29,6 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps-between", type=int, default=4, help="training steps between changes (default 4)")
     p.add_argument("--db", default=None, help=f"SQLite path or URL for the records (default {DEFAULT_DB})")
     p.add_argument("--log-dir", type=Path, default=None, help="worker output (default: a folder next to the database)")
+    p.add_argument("--dashboard", type=int, nargs="?", const=8050, default=None, metavar="PORT",
+                   help="serve the dashboard on 127.0.0.1:PORT (default 8050) while the demo runs, with a "
+                        "one-off admin login printed here, and pause before each change so you can watch it")
+    p.add_argument("--pause", type=float, default=None,
+                   help="seconds to wait before each shrink/grow (default 0, or 8 with --dashboard)")
     p.add_argument("--no-baseline", dest="measure_baseline", action="store_false",
                    help="skip timing a DCP checkpoint restart of each relayout (saves ~10 s per migration)")
 
@@ -47,6 +54,29 @@ def _baseline(out, model) -> str:
         except Exception as exc:  # a measurement, never a reason to fail the demo
             return f"failed ({type(exc).__name__}: {exc})"
     return f"{res.total_s:.2f} s"
+
+
+def _serve_dashboard(db_url: str, port: int, say) -> None:
+    """The dashboard in a thread, with a fresh secret and a one-off admin, for watching the demo."""
+    import secrets
+    import threading
+
+    from werkzeug.serving import make_server
+
+    from dashboard.app import create_app
+    from db import Store
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no request log in the demo's table
+    password = secrets.token_urlsafe(9)
+    with Store(db_url) as store:
+        store.add_user("demo", password, role="admin", replace=True)
+    app = create_app({"DB_URL": db_url, "SECRET_KEY": secrets.token_hex(32)})
+    try:
+        server = make_server("127.0.0.1", port, app, threaded=True)
+    except OSError as exc:
+        raise UsageError(f"cannot serve the dashboard on 127.0.0.1:{port} ({exc}); pick another with --dashboard PORT")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    say(f"dashboard: http://127.0.0.1:{port}/  (log in as demo / {password}; the placement updates live)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
     k = args.steps_between
     script = [(k, "shrink"), (2 * k, "grow"), (3 * k, "stop")]
     say = lambda m: print(m, flush=True)  # noqa: E731
+    pause = args.pause if args.pause is not None else (8.0 if args.dashboard else 0.0)
+    if args.dashboard:
+        _serve_dashboard(store.url, args.dashboard, say)
     launcher = Launcher(opts, backend, store, log=lambda m: say(f"  launcher: {m}"))
 
     def until(la: Launcher) -> bool:
@@ -90,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
             at, what = script.pop(0)
             if what == "stop":
                 return True
+            if pause:
+                say(f"  (pausing {pause:.0f} s before the {what}: watch the placement)")
+                time.sleep(pause)
             say(f"step {la.max_step()}: {what} ({len(la.active)} -> "
                 f"{1 if what == 'shrink' else args.nodes} node(s))")
             out = la.shrink_to(1, "demo") if what == "shrink" else la.grow_to(args.nodes, "demo")
