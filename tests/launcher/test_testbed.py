@@ -50,15 +50,17 @@ def job(backend: SlurmCommands) -> Iterator[dict]:
         backend.cancel(job_id)
 
 
-def test_sinfo_shows_four_idle_nodes_with_four_gpus(backend: SlurmCommands) -> None:
+def test_sinfo_shows_four_idle_nodes_with_four_gpus(slurm_testbed: Testbed, backend: SlurmCommands) -> None:
+    slurm_testbed.up()  # earlier tests may have restarted slurmctld: up() waits until every node is idle again
     nodes = backend.nodes()
     assert [(n.name, n.state, n.gres) for n in nodes] == [(f"n{i}", "idle", "gpu:4") for i in range(1, 5)]
 
 
 def test_up_is_idempotent_and_cli_reports_up(slurm_testbed: Testbed, capsys) -> None:
-    started = time.monotonic()
+    slurm_testbed.up()
+    pids = slurm_testbed.daemon_pids()
     assert slurm_testbed.up() == slurm_testbed.slurm_conf
-    assert time.monotonic() - started < 5
+    assert slurm_testbed.daemon_pids() == pids  # a second up() starts nothing new
     assert cli_main(["testbed", "status", "--root", str(slurm_testbed.root)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"export SLURM_CONF={slurm_testbed.slurm_conf}"
 
