@@ -371,7 +371,9 @@ class Worker:
         torch.set_num_threads(1)
         import migrate.executor  # noqa: F401  (import now, not inside the timed phases)
         import migrate.plan  # noqa: F401
-        import migrate.train  # noqa: F401
+        import migrate.train
+
+        migrate.train.warm_up()  # a standby worker must not pay first-use costs inside a migration
         spec = {k: getattr(self.model, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "dtype",
                                                       "optimizer")}
         agreed = self.ctl.offer_model(spec)

@@ -22,7 +22,7 @@ from migrate.layout import ModelSpec, ParallelConfig
 from migrate.plan import plan
 from migrate.state import LocalState, initial_state
 from migrate.topology import Topology
-from migrate.train import Groups, TrainConfig, Trainer
+from migrate.train import Groups, TrainConfig, Trainer, warm_up
 
 
 @dataclass(frozen=True)
@@ -81,15 +81,6 @@ def _dump(state: LocalState | None) -> bytes | None:
 def load_state(blob: bytes) -> LocalState:
     d = torch.load(io.BytesIO(blob))
     return LocalState(d["tensors"], d["step"])
-
-
-def warm_up() -> None:
-    """What a joining worker does while it waits: pay the one-time lazy imports of building a model
-    and an optimizer before the migration, not inside it."""
-    p = torch.nn.Parameter(torch.zeros(1, 1, 2, 4))
-    opt = torch.optim.Adam([p], foreach=False)
-    torch.nn.functional.scaled_dot_product_attention(p, p, p, is_causal=True).sum().backward()
-    opt.step()
 
 
 def _worker(device: int, sc: Scenario, port: int, queue) -> None:

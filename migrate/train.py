@@ -36,6 +36,15 @@ def batch(model: ModelSpec, tc: TrainConfig, step: int) -> torch.Tensor:
     return torch.where(noise, torch.randint(0, model.vocab, ids.shape, generator=g), ids)
 
 
+def warm_up() -> None:
+    """What a joining worker does while it waits: pay the one-time lazy imports of building a model
+    and an optimizer before a migration, not inside it."""
+    p = torch.nn.Parameter(torch.zeros(1, 1, 2, 4))
+    opt = torch.optim.Adam([p], foreach=False)
+    F.scaled_dot_product_attention(p, p, p, is_causal=True).sum().backward()
+    opt.step()
+
+
 class Groups:
     """This rank's TP and DP process groups (None when of size 1).
 
