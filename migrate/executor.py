@@ -79,7 +79,7 @@ def _segment_specs(model: ModelSpec, seg) -> list[TensorSpec]:
 
 
 def _piece_rows(spec: TensorSpec, lo: int, hi: int, units: int) -> tuple[int, int]:
-    """Rows (dim 0) of the piece, and bytes of one row for one element size of 1."""
+    """Rows (dim 0) of the piece, and elements per row: pieces are chunked by rows."""
     shape = list(spec.shape)
     if spec.tp_dim is not None:
         shape[spec.tp_dim] = shape[spec.tp_dim] // units * (hi - lo)

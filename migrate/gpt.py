@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from migrate.layout import ModelSpec
+from migrate.layout import ModelSpec, TensorSpec
 from migrate.state import local_shape
 from migrate.workload import Workload
 
@@ -79,15 +79,16 @@ class _Holder(nn.Module):
     """A module that only holds named parameters (names may be nested with dots)."""
 
 
-def _build(module: nn.Module, names: list[str], model: ModelSpec, w: Workload, specs: dict, prefix: str) -> None:
-    for full in names:
-        path = full[len(prefix):].split(".")
+def _build(module: nn.Module, tensors: list[TensorSpec], w: Workload, prefix: str) -> None:
+    """Register each tensor's local shard as a parameter under its layout-rule name."""
+    for t in tensors:
+        path = t.name[len(prefix):].split(".")
         node = module
         for part in path[:-1]:
             if not hasattr(node, part):
                 node.add_module(part, _Holder())
             node = getattr(node, part)
-        node.register_parameter(path[-1], nn.Parameter(torch.empty(local_shape(specs[full], w))))
+        node.register_parameter(path[-1], nn.Parameter(torch.empty(local_shape(t, w))))
 
 
 class GPTStage(nn.Module):
@@ -99,18 +100,17 @@ class GPTStage(nn.Module):
         self.heads_local = model.heads * (w.slice_hi - w.slice_lo) // w.of
         self.vocab_lo = model.vocab * w.slice_lo // w.of
         self.vocab_local = model.vocab * (w.slice_hi - w.slice_lo) // w.of
-        specs = {t.name: t for t in model.tensors()}
         self.layers = nn.ModuleDict()
         for layer in range(w.layer_lo, w.layer_hi):
             block = _Holder()
-            _build(block, [t.name for t in model.layer_tensors(layer)], model, w, specs, f"layers.{layer}.")
+            _build(block, model.layer_tensors(layer), w, f"layers.{layer}.")
             self.layers[str(layer)] = block
         if w.first:
             self.embed = _Holder()
-            _build(self.embed, [t.name for t in model.embed_tensors()], model, w, specs, "embed.")
+            _build(self.embed, model.embed_tensors(), w, "embed.")
         if w.last:
             self.head = _Holder()
-            _build(self.head, [t.name for t in model.head_tensors()], model, w, specs, "head.")
+            _build(self.head, model.head_tensors(), w, "head.")
 
     def load(self, params: dict[str, torch.Tensor]) -> None:
         """Adopt the given tensors as parameters, without copying them."""

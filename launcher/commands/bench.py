@@ -27,7 +27,7 @@ def _gb(x: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from migrate import LayoutError
+    from migrate import LayoutError, ParallelConfig
     from migrate.bench import PAPER_SCENARIOS, BenchConfig, p2p_bandwidth, run_scenario_bench
 
     cfg = BenchConfig(layers=args.layers, hidden=args.hidden, release_early=args.release_early)
@@ -35,8 +35,6 @@ def run(args: argparse.Namespace) -> int:
         model = cfg.model()
         for name in args.scenario or PAPER_SCENARIOS:
             for layout in PAPER_SCENARIOS[name]:
-                from migrate import ParallelConfig
-
                 model.check_config(ParallelConfig.parse(layout))
     except LayoutError as exc:
         raise UsageError(f"{exc} (pick --layers divisible by 16 and 6, --hidden divisible by 8x64)") from None
