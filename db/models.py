@@ -111,6 +111,7 @@ class MigrationRow(Base):
     fragmentation_after: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)
     at_step: Mapped[Optional[int]]  # v3: the step boundary the migration applied at
     steps_lost: Mapped[Optional[int]]  # v3: committed steps redone (restored from a safety checkpoint)
+    pause_s: Mapped[Optional[float]]  # v4: last committed step on the old layout -> first on the new one
     phases: Mapped[list[MigrationPhaseRow]] = relationship(
         back_populates="migration", cascade="all, delete-orphan", order_by="MigrationPhaseRow.id"
     )

@@ -85,6 +85,7 @@ class Migration:
     phases: dict[str, float]
     at_step: int | None = None
     steps_lost: int | None = None
+    pause_s: float | None = None  # training stood still this long (last old commit -> first new commit)
 
     @property
     def duration_s(self) -> float | None:

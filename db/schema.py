@@ -166,8 +166,14 @@ def _v2_to_v3(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE migrations ADD COLUMN steps_lost INTEGER"))
 
 
+def _v3_to_v4(conn: Connection) -> None:
+    """v4: the pause a migration caused (seconds from the last committed step on the old layout to
+    the first committed step on the new one; NULL when unknown)."""
+    conn.execute(text("ALTER TABLE migrations ADD COLUMN pause_s FLOAT"))
+
+
 #: MIGRATIONS[i] upgrades a database from version i+1 to version i+2.
-MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3]
+MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4]
 CURRENT_VERSION = len(MIGRATIONS) + 1
 
 

@@ -30,7 +30,8 @@ from db.vocab import (
 
 HISTORY_COLUMNS = (
     "id", "job_id", "job_name", "trigger", "status", "from_layout", "to_layout", "started_at",
-    "finished_at", "duration_s", "bytes_moved", "bytes_checkpoint", "bit_exact", "error",
+    "finished_at", "duration_s", "pause_s", *(f"{p}_s" for p in PHASES), "bytes_moved", "bytes_checkpoint",
+    "bit_exact", "error",
 )
 
 
@@ -70,7 +71,7 @@ def _migration(row: MigrationRow, job_name: str) -> Migration:
         error=row.error, plan_summary=dict(row.plan_summary or {}),
         fragmentation_before=dict(row.fragmentation_before or {}),
         fragmentation_after=dict(row.fragmentation_after) if row.fragmentation_after is not None else None,
-        phases=phases, at_step=row.at_step, steps_lost=row.steps_lost,
+        phases=phases, at_step=row.at_step, steps_lost=row.steps_lost, pause_s=row.pause_s,
     )
 
 
@@ -81,6 +82,8 @@ def _history_row(m: Migration) -> dict[str, Any]:
         "status": m.status, "from_layout": m.from_layout, "to_layout": m.to_layout,
         "started_at": m.started_at.isoformat(), "finished_at": m.finished_at.isoformat() if m.finished_at else None,
         "duration_s": round(m.duration_s, 3) if m.duration_s is not None else None,
+        "pause_s": round(m.pause_s, 3) if m.pause_s is not None else None,
+        **{f"{p}_s": round(m.phases[p], 3) if p in m.phases else None for p in PHASES},
         "bytes_moved": m.bytes_moved, "bytes_checkpoint": m.bytes_checkpoint, "bit_exact": m.bit_exact,
         "error": m.error,
     }
@@ -388,6 +391,17 @@ class Store(AdminMixin, StoreBase):
             row.fragmentation_after = dict(fragmentation_after) if fragmentation_after is not None else None
             row.at_step, row.steps_lost = at_step, steps_lost
             row.phases = [MigrationPhaseRow(phase=k, seconds=float(v)) for k, v in phases.items()]
+
+    def set_pause(self, mid: int, pause_s: float) -> None:
+        """Record how long training stood still for migration `mid`: from the last committed step on
+        the old layout to the first committed step on the new one (known only after that step)."""
+        if not pause_s >= 0:
+            raise ValueError(f"pause must be a non-negative number of seconds, got {pause_s}")
+        with self._tx() as s:
+            row = s.get(MigrationRow, mid)
+            if row is None:
+                raise NotFoundError(f"no migration with id {mid}")
+            row.pause_s = float(pause_s)
 
     def get_migration(self, mid: int) -> Migration | None:
         with self._tx() as s:

@@ -49,10 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    header = ["ID", "JOB", "TRIGGER", "STATUS", "FROM -> TO", "STARTED (UTC)", "SECONDS", "MOVED",
-              "CHECKPOINT", "VERIFIED"]
+    from db.vocab import PHASES
+
+    def sec(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    header = ["ID", "JOB", "TRIGGER", "STATUS", "FROM -> TO", "STARTED (UTC)", "SECONDS", "PAUSE",
+              "PHASES (plan/groups/execute/rebuild/other)", "MOVED", "CHECKPOINT", "VERIFIED"]
     body = [[str(r["id"]), r["job_name"], r["trigger"], r["status"], f"{r['from_layout']} -> {r['to_layout']}",
-             r["started_at"][:19].replace("T", " "), "-" if r["duration_s"] is None else f"{r['duration_s']:.2f}",
+             r["started_at"][:19].replace("T", " "), sec(r["duration_s"]), sec(r["pause_s"]),
+             "/".join(sec(r[f"{p}_s"]) for p in PHASES),
              human_bytes(r["bytes_moved"]), human_bytes(r["bytes_checkpoint"]),
              {True: "bit-exact", False: "MISMATCH", None: "-"}[r["bit_exact"]]] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(header, *body)]

@@ -67,6 +67,7 @@ def test_migration_page(viewer: Any) -> None:
     assert "<svg" in text and 'data-label="execute" data-value="6.0"' in text
     assert 'data-label="moved"' in text and 'data-label="checkpoint"' in text and "12.5%" in text
     assert "bit-exact" in text and "instructions" in text and "pp2tp2dp2 → pp2tp2dp1" in text
+    assert "Training paused:" in text and "10.250 s" in text
     assert viewer.get("/migrations/42").status_code == 404
 
 

@@ -51,6 +51,7 @@ def seed_demo(store: Store, clock: FakeClock | None = None) -> dict[str, int]:
     store.finish_migration(mid, "succeeded", 1_000_000, 8_000_000, True,
                            {"plan": 0.5, "build_groups": 1.5, "execute": 6.0, "rebuild": 2.0},
                            fragmentation_after=store.fragmentation(llama))
+    store.set_pause(mid, 10.25)  # training stood still from before the plan until the first new step
     bert = store.create_job("bert", "pp1tp2dp1", 4, 2, nodes=["n2"])  # takes half of the freed node
     store.record_rank_map(bert, 0, "pp1tp2dp1", layout_entries(1, 2, 1, ["n2"], 4, first_gpu=2))
     tick(90)

@@ -28,12 +28,16 @@ def test_history_table_json_csv(url: str, capsys: pytest.CaptureFixture[str]) ->
     assert main(["history", "--db", url]) == 0
     out = capsys.readouterr().out
     assert "llama" in out and "pp2tp2dp2 -> pp2tp2dp1" in out and "bit-exact" in out
+    assert "PAUSE" in out and "10.25" in out and "0.50/1.50/6.00/2.00/-" in out  # pause and the phases
     assert main(["history", "--db", url, "--json", "--job", "llama", "--since", "2024-05-01"]) == 0
     rows = json.loads(capsys.readouterr().out)
     store = Store(url)
     assert rows == store.history(job="llama")
+    assert (rows[0]["pause_s"], rows[0]["execute_s"], rows[0]["other_s"]) == (10.25, 6.0, None)
     assert main(["history", "--db", url, "--csv", "--status", "succeeded", "--trigger", "resize"]) == 0
-    assert [r["id"] for r in csv.DictReader(io.StringIO(capsys.readouterr().out))] == ["1"]
+    csv_rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["id"] for r in csv_rows] == ["1"]
+    assert (csv_rows[0]["pause_s"], csv_rows[0]["plan_s"], csv_rows[0]["rebuild_s"]) == ("10.25", "0.5", "2.0")
     assert main(["history", "--db", url, "--json", "--until", "2024-04-30"]) == 0
     assert json.loads(capsys.readouterr().out) == []
 

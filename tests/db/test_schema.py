@@ -142,3 +142,30 @@ def test_upgrade_from_v2_adds_checkpoint_and_lost_step_columns(tmp_path: Path) -
     fresh = tmp_path / "fresh.db"
     Store(f"sqlite:///{fresh}").close()
     assert _columns(old) == _columns(fresh)
+
+
+def test_upgrade_from_v3_adds_a_nullable_pause(tmp_path: Path) -> None:
+    from db.schema import MIGRATIONS, _stamp
+
+    old = tmp_path / "v3.db"
+    engine = create_engine(f"sqlite:///{old}")
+    create_v1(engine)
+    with engine.begin() as conn:
+        for i in range(2):
+            MIGRATIONS[i](conn)
+        _stamp(conn, 3)
+    engine.dispose()
+    assert "pause_s" not in _columns(old)["migrations"]
+    store = Store(f"sqlite:///{old}")
+    assert (store.schema_found, store.schema_version) == (3, CURRENT_VERSION) and CURRENT_VERSION >= 4
+    job = store.create_job("j", "pp2tp1dp1", 1, 2)
+    mid = store.start_migration(job, "pp2tp1dp1", "pp1tp1dp1", "resize", {}, {})
+    assert store.get_migration(mid).pause_s is None
+    store.set_pause(mid, 0.75)
+    assert store.get_migration(mid).pause_s == 0.75
+    with pytest.raises(ValueError, match="non-negative"):
+        store.set_pause(mid, -1.0)
+    store.close()
+    fresh = tmp_path / "fresh.db"
+    Store(f"sqlite:///{fresh}").close()
+    assert _columns(old) == _columns(fresh)
