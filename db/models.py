@@ -29,7 +29,7 @@ class JobRow(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200), index=True)
     slurm_job_id: Mapped[Optional[str]] = mapped_column(String(64))
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), index=True)  # v4 index: running jobs first
     layout: Mapped[str] = mapped_column(String(64))
     gpus_per_node: Mapped[int]
     pinned_node: Mapped[Optional[str]] = mapped_column(String(200))
@@ -39,6 +39,7 @@ class JobRow(Base):
     updated_at: Mapped[datetime]
     checkpoint_path: Mapped[Optional[str]] = mapped_column(Text)  # v3: what a suspended job resumes from
     checkpoint_step: Mapped[Optional[int]]
+    min_nodes: Mapped[int] = mapped_column(default=1, server_default="1")  # v4: requests never go below it
 
 
 class NodeRow(Base):
@@ -147,6 +148,7 @@ class AuditRowORM(Base):
     target: Mapped[str] = mapped_column(String(200))
     result: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(index=True)
+    address: Mapped[Optional[str]] = mapped_column(String(64))  # v4: client address of the request
 
 
 class UserRow(Base):
@@ -156,3 +158,4 @@ class UserRow(Base):
     password_hash: Mapped[str] = mapped_column(String(512))
     role: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
+    session_version: Mapped[int] = mapped_column(default=0, server_default="0")  # v4: bumped to revoke cookies

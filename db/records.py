@@ -26,6 +26,7 @@ class Job:
     updated_at: datetime
     checkpoint_path: str | None = None  # the checkpoint a suspended job resumes from
     checkpoint_step: int | None = None
+    min_nodes: int = 1  # the launcher's --nnodes MIN: no request may leave the job below it
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -115,6 +116,7 @@ class AuditRow:
     target: str
     result: str
     at: datetime
+    address: str | None = None  # client address (dashboard requests), None for CLI and launcher rows
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class User:
 
     name: str
     role: str
+    session_version: int = 0  # sessions carry it; logout and password changes bump it
 
     @property
     def is_admin(self) -> bool:

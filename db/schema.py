@@ -172,8 +172,18 @@ def _v3_to_v4(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE migrations ADD COLUMN pause_s FLOAT"))
 
 
+def _v4_to_v5(conn: Connection) -> None:
+    """v5: a per-user session version (logout and password changes revoke saved cookies), the
+    client address on audit rows, a job's MIN node count (requests never go below it), and an index
+    on job state (the jobs page lists running jobs first, one page at a time)."""
+    conn.execute(text("ALTER TABLE users ADD COLUMN session_version INTEGER NOT NULL DEFAULT 0"))
+    conn.execute(text("ALTER TABLE audit_log ADD COLUMN address VARCHAR(64)"))
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN min_nodes INTEGER NOT NULL DEFAULT 1"))
+    conn.execute(text("CREATE INDEX ix_jobs_state ON jobs (state)"))
+
+
 #: MIGRATIONS[i] upgrades a database from version i+1 to version i+2.
-MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4]
+MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5]
 CURRENT_VERSION = len(MIGRATIONS) + 1
 
 

@@ -40,7 +40,7 @@ def _job(row: JobRow) -> Job:
         id=row.id, name=row.name, slurm_job_id=row.slurm_job_id, state=row.state, layout=row.layout,
         gpus_per_node=row.gpus_per_node, pinned_node=row.pinned_node, max_devices=row.max_devices,
         sla_tier=row.sla_tier, created_at=from_db(row.created_at), updated_at=from_db(row.updated_at),
-        checkpoint_path=row.checkpoint_path, checkpoint_step=row.checkpoint_step,
+        checkpoint_path=row.checkpoint_path, checkpoint_step=row.checkpoint_step, min_nodes=row.min_nodes,
     )  # type: ignore[arg-type]
 
 
@@ -113,17 +113,19 @@ class Store(AdminMixin, StoreBase):
         sla_tier: str = "standard",
         state: str = "running",
         nodes: Sequence[str] = (),
+        min_nodes: int = 1,
     ) -> int:
-        """Register a job (and its nodes; the pinned node is marked pinned); returns its id."""
+        """Register a job (and its nodes; the pinned node is marked pinned); returns its id.
+        min_nodes: the launcher's --nnodes MIN, below which no admin request may take the job."""
         check("job state", state, JOB_STATES)
         check("SLA tier", sla_tier, SLA_TIERS)
-        if gpus_per_node <= 0 or max_devices <= 0:
-            raise ValueError("gpus_per_node and max_devices must be positive")
+        if gpus_per_node <= 0 or max_devices <= 0 or min_nodes <= 0:
+            raise ValueError("gpus_per_node, max_devices and min_nodes must be positive")
         now = self.now()
         with self._tx() as s:
             job = JobRow(name=name, slurm_job_id=slurm_job_id, state=state, layout=layout,
                          gpus_per_node=gpus_per_node, pinned_node=pinned_node, max_devices=max_devices,
-                         sla_tier=sla_tier, created_at=now, updated_at=now)
+                         sla_tier=sla_tier, created_at=now, updated_at=now, min_nodes=min_nodes)
             s.add(job)
             s.flush()
             names = list(dict.fromkeys([*nodes, *([pinned_node] if pinned_node else [])]))
@@ -181,16 +183,17 @@ class Store(AdminMixin, StoreBase):
         pinned_node: str | None = None,
         max_devices: int | None = None,
         sla_tier: str | None = None,
+        min_nodes: int | None = None,
     ) -> None:
         """Change job attributes learnt later (e.g. the Slurm id once sbatch answers); None = keep."""
         if sla_tier is not None:
             check("SLA tier", sla_tier, SLA_TIERS)
-        if max_devices is not None and max_devices <= 0:
-            raise ValueError("max_devices must be positive")
+        if (max_devices is not None and max_devices <= 0) or (min_nodes is not None and min_nodes <= 0):
+            raise ValueError("max_devices and min_nodes must be positive")
         with self._tx() as s:
             row = self._job_row(s, job_id)
             for name, value in (("slurm_job_id", slurm_job_id), ("pinned_node", pinned_node),
-                                ("max_devices", max_devices), ("sla_tier", sla_tier)):
+                                ("max_devices", max_devices), ("sla_tier", sla_tier), ("min_nodes", min_nodes)):
                 if value is not None:
                     setattr(row, name, value)
             row.updated_at = self.now()

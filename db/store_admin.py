@@ -111,7 +111,7 @@ class AdminMixin:
     def get_user(self, name: str) -> User | None:
         with self._tx() as s:
             row = s.scalars(select(UserRow).where(UserRow.name == name)).first()
-            return User(row.name, row.role) if row else None
+            return User(row.name, row.role, row.session_version) if row else None
 
     def list_users(self) -> list[User]:
         with self._tx() as s:

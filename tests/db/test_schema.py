@@ -169,3 +169,34 @@ def test_upgrade_from_v3_adds_a_nullable_pause(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh.db"
     Store(f"sqlite:///{fresh}").close()
     assert _columns(old) == _columns(fresh)
+
+
+def test_upgrade_from_v4_adds_session_version_audit_address_and_min_nodes(tmp_path: Path) -> None:
+    from db.schema import MIGRATIONS, _stamp
+
+    old = tmp_path / "v4.db"
+    engine = create_engine(f"sqlite:///{old}")
+    create_v1(engine)
+    with engine.begin() as conn:
+        for i in range(3):
+            MIGRATIONS[i](conn)
+        _stamp(conn, 4)
+    engine.dispose()
+    con = sqlite3.connect(old)
+    con.execute("INSERT INTO users (name, password_hash, role, created_at) VALUES ('u', 'x', 'admin', '2024-01-01')")
+    con.commit()
+    con.close()
+    assert "session_version" not in _columns(old)["users"] and "address" not in _columns(old)["audit_log"]
+
+    store = Store(f"sqlite:///{old}")
+    assert (store.schema_found, store.schema_version) == (4, CURRENT_VERSION) and CURRENT_VERSION >= 5
+    user = store.get_user("u")
+    assert user is not None and user.session_version == 0
+    jid = store.create_job("j", "pp1tp1dp2", 1, 2, min_nodes=2)
+    assert store.get_job(jid).min_nodes == 2
+    store.close()
+    fresh = tmp_path / "fresh.db"
+    Store(f"sqlite:///{fresh}").close()
+    assert _columns(old) == _columns(fresh)
+    indexes = {i["name"] for i in inspect(create_engine(f"sqlite:///{old}")).get_indexes("jobs")}
+    assert "ix_jobs_state" in indexes
