@@ -36,7 +36,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -196,12 +196,17 @@ class Control:
         return self._many(f"ev/{epoch}/res/", devices)  # type: ignore[return-value]
 
     # -- all-or-nothing decisions (consistent cuts) ---------------------------------------------
-    def decide(self, key: str, n: int, abort_key: str | None = None, poll_s: float = 0.05) -> bool:
+    def decide(self, key: str, n: int, abort_key: str | None = None, poll_s: float = 0.05,
+               on_commit: Callable[[], None] | None = None) -> bool:
         """Vote yes on decision `key` among `n` voters; True when all n voted yes (commit), False
         when somebody vetoed (`veto`) or `abort_key` appeared first. The outcome is the same for
-        every voter: the last yes-voter and any vetoer race with one atomic compare-and-set."""
+        every voter: the last yes-voter and any vetoer race with one atomic compare-and-set.
+        `on_commit` runs once, on the voter whose yes committed the decision, right after it."""
         if self.store.add(f"{key}/n", 1) >= n:
-            return self._settle(key, "go")
+            committed = self._settle(key, "go")
+            if committed and on_commit is not None:
+                on_commit()
+            return committed
         while True:
             try:
                 self.store.wait([key], timedelta(seconds=poll_s))
@@ -209,6 +214,26 @@ class Control:
             except Exception:  # timed out: is the round being abandoned?
                 if abort_key is not None and self.has(abort_key):
                     return self._settle(key, "no")
+
+    def commit_step(self, world: str, step: int, n: int) -> bool:
+        """All-or-nothing commit of the step after `step` finished steps in training world `world`
+        (n ranks vote). The commit's wall time is stamped on the store (`t/<world>/first` once,
+        `t/<world>/last` every step), so the launcher can tell how long a migration stopped training:
+        from the old world's last commit to the new world's first (see `commit_times`)."""
+        def stamp() -> None:
+            now = repr(time.time())
+            self.store.compare_set(f"t/{world}/first", "", now)
+            self.store.set(f"t/{world}/last", now)
+
+        return self.decide(f"c/{world}/{step}", n, f"abort/{world}", on_commit=stamp)
+
+    def commit_times(self, world: str) -> tuple[float | None, float | None]:
+        """(first, last) wall time (time.time()) a step of training world `world` committed, None if none yet."""
+        out = []
+        for which in ("first", "last"):
+            key = f"t/{world}/{which}"
+            out.append(float(self.store.get(key).decode()) if self.has(key) else None)
+        return out[0], out[1]
 
     def veto(self, key: str) -> bool:
         """Stop decision `key` from committing; True if it had committed already (too late)."""

@@ -174,7 +174,7 @@ class Worker:
 
         def committed_step(*a, **kw):  # all ranks apply step N, or none does
             self._die("step", trainer.step_no + 1)
-            if not self.ctl.decide(f"c/{world}/{trainer.step_no}", len(devices), f"abort/{world}"):
+            if not self.ctl.commit_step(world, trainer.step_no, len(devices)):
                 raise StepAborted(f"step {trainer.step_no + 1} abandoned: a worker of {world} failed")
             if rank == 0 and trainer.step_no > 0:  # everybody is past the previous vote: drop its keys
                 for key in (f"c/{world}/{trainer.step_no - 1}", f"c/{world}/{trainer.step_no - 1}/n"):

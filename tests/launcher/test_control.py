@@ -1,0 +1,45 @@
+"""Step commits on a real control-plane store: the committing vote stamps the wall time the
+launcher measures a migration's pause with."""
+from __future__ import annotations
+
+import threading
+import time
+
+from launcher.control import Control
+
+
+def _vote_all(port: int, world: str, step: int, n: int) -> list[bool]:
+    """n voters, each on its own connection (as n worker processes are), vote on one step."""
+    out: list[bool] = [False] * n
+
+    def vote(i: int) -> None:
+        out[i] = Control("127.0.0.1", port).commit_step(world, step, n)
+
+    threads = [threading.Thread(target=vote, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return out
+
+
+def test_commit_stamps_first_and_last_commit_times() -> None:
+    server = Control("127.0.0.1", 0, server=True)
+    assert server.commit_times("w0") == (None, None)
+    before = time.time()
+    assert _vote_all(server.port, "w0", 0, 3) == [True] * 3
+    first, last = server.commit_times("w0")
+    assert first is not None and before <= first == last <= time.time()
+    time.sleep(0.01)
+    assert _vote_all(server.port, "w0", 1, 3) == [True] * 3
+    first2, last2 = server.commit_times("w0")
+    assert first2 == first and last2 > first  # the first commit stays, the last moves on
+    assert server.commit_times("w1") == (None, None)  # worlds are stamped separately
+
+
+def test_an_aborted_step_stamps_nothing() -> None:
+    server = Control("127.0.0.1", 0, server=True)
+    server.abort_world("w2")
+    voter = Control("127.0.0.1", server.port)
+    assert voter.commit_step("w2", 0, 2) is False  # the second voter never comes; the world was aborted
+    assert server.commit_times("w2") == (None, None)
