@@ -40,6 +40,8 @@ class JobRow(Base):
     checkpoint_path: Mapped[Optional[str]] = mapped_column(Text)  # v3: what a suspended job resumes from
     checkpoint_step: Mapped[Optional[int]]
     min_nodes: Mapped[int] = mapped_column(default=1, server_default="1")  # v4: requests never go below it
+    mode: Mapped[str] = mapped_column(String(16), default="live")  # v6: live (runtime API) or restart (torchrun's)
+    last_step: Mapped[Optional[int]]  # v6: the last finished training step the launcher saw
 
 
 class NodeRow(Base):
@@ -113,6 +115,7 @@ class MigrationRow(Base):
     at_step: Mapped[Optional[int]]  # v3: the step boundary the migration applied at
     steps_lost: Mapped[Optional[int]]  # v3: committed steps redone (restored from a safety checkpoint)
     pause_s: Mapped[Optional[float]]  # v4: last committed step on the old layout -> first on the new one
+    kind: Mapped[str] = mapped_column(String(16), default="live")  # v5: live (state moved) or restart (new world)
     phases: Mapped[list[MigrationPhaseRow]] = relationship(
         back_populates="migration", cascade="all, delete-orphan", order_by="MigrationPhaseRow.id"
     )

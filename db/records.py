@@ -27,6 +27,8 @@ class Job:
     checkpoint_path: str | None = None  # the checkpoint a suspended job resumes from
     checkpoint_step: int | None = None
     min_nodes: int = 1  # the launcher's --nnodes MIN: no request may leave the job below it
+    mode: str = "live"  # live (runtime API) or restart (torchrun's contract)
+    last_step: int | None = None  # last finished training step the launcher saw
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -87,6 +89,7 @@ class Migration:
     at_step: int | None = None
     steps_lost: int | None = None
     pause_s: float | None = None  # training stood still this long (last old commit -> first new commit)
+    kind: str = "live"  # live: state moved between running workers; restart: the workers were restarted
 
     @property
     def duration_s(self) -> float | None:

@@ -182,8 +182,16 @@ def _v4_to_v5(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX ix_jobs_state ON jobs (state)"))
 
 
+def _v5_to_v6(conn: Connection) -> None:
+    """v6: a job's mode (live through the runtime API, or restart: torchrun's contract) and the last step
+    the launcher saw; a migration's kind (live, or restart: every worker stopped and a new world started)."""
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN mode VARCHAR(16) NOT NULL DEFAULT 'live'"))
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN last_step INTEGER"))
+    conn.execute(text("ALTER TABLE migrations ADD COLUMN kind VARCHAR(16) NOT NULL DEFAULT 'live'"))
+
+
 #: MIGRATIONS[i] upgrades a database from version i+1 to version i+2.
-MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5]
+MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6]
 CURRENT_VERSION = len(MIGRATIONS) + 1
 
 

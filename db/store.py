@@ -19,7 +19,9 @@ from db.records import Job, Migration, Node, RankEntry, RankMap
 from db.sla import gpu_fraction
 from db.store_admin import AdminMixin
 from db.vocab import (
+    JOB_MODES,
     JOB_STATES,
+    MIGRATION_KINDS,
     MIGRATION_STATUSES,
     MIGRATION_TRIGGERS,
     NODE_STATES,
@@ -29,7 +31,7 @@ from db.vocab import (
 )
 
 HISTORY_COLUMNS = (
-    "id", "job_id", "job_name", "trigger", "status", "from_layout", "to_layout", "started_at",
+    "id", "job_id", "job_name", "kind", "trigger", "status", "from_layout", "to_layout", "started_at",
     "finished_at", "duration_s", "pause_s", *(f"{p}_s" for p in PHASES), "bytes_moved", "bytes_checkpoint",
     "bit_exact", "error",
 )
@@ -41,6 +43,8 @@ def _job(row: JobRow) -> Job:
         gpus_per_node=row.gpus_per_node, pinned_node=row.pinned_node, max_devices=row.max_devices,
         sla_tier=row.sla_tier, created_at=from_db(row.created_at), updated_at=from_db(row.updated_at),
         checkpoint_path=row.checkpoint_path, checkpoint_step=row.checkpoint_step, min_nodes=row.min_nodes,
+        mode=row.mode or "live",
+        last_step=row.last_step,
     )  # type: ignore[arg-type]
 
 
@@ -72,13 +76,14 @@ def _migration(row: MigrationRow, job_name: str) -> Migration:
         fragmentation_before=dict(row.fragmentation_before or {}),
         fragmentation_after=dict(row.fragmentation_after) if row.fragmentation_after is not None else None,
         phases=phases, at_step=row.at_step, steps_lost=row.steps_lost, pause_s=row.pause_s,
+        kind=row.kind or "live",
     )
 
 
 def _history_row(m: Migration) -> dict[str, Any]:
     """A flat, JSON/CSV-ready row; the same shape for the CLI and the dashboard."""
     return {
-        "id": m.id, "job_id": m.job_id, "job_name": m.job_name, "trigger": m.trigger,
+        "id": m.id, "job_id": m.job_id, "job_name": m.job_name, "kind": m.kind, "trigger": m.trigger,
         "status": m.status, "from_layout": m.from_layout, "to_layout": m.to_layout,
         "started_at": m.started_at.isoformat(), "finished_at": m.finished_at.isoformat() if m.finished_at else None,
         "duration_s": round(m.duration_s, 3) if m.duration_s is not None else None,
@@ -114,10 +119,13 @@ class Store(AdminMixin, StoreBase):
         state: str = "running",
         nodes: Sequence[str] = (),
         min_nodes: int = 1,
+        mode: str = "live",
     ) -> int:
         """Register a job (and its nodes; the pinned node is marked pinned); returns its id.
-        min_nodes: the launcher's --nnodes MIN, below which no admin request may take the job."""
+        min_nodes: the launcher's --nnodes MIN, below which no admin request may take the job;
+        mode: live (the program uses the runtime API) or restart (torchrun's contract)."""
         check("job state", state, JOB_STATES)
+        check("job mode", mode, JOB_MODES)
         check("SLA tier", sla_tier, SLA_TIERS)
         if gpus_per_node <= 0 or max_devices <= 0 or min_nodes <= 0:
             raise ValueError("gpus_per_node, max_devices and min_nodes must be positive")
@@ -125,7 +133,8 @@ class Store(AdminMixin, StoreBase):
         with self._tx() as s:
             job = JobRow(name=name, slurm_job_id=slurm_job_id, state=state, layout=layout,
                          gpus_per_node=gpus_per_node, pinned_node=pinned_node, max_devices=max_devices,
-                         sla_tier=sla_tier, created_at=now, updated_at=now, min_nodes=min_nodes)
+                         sla_tier=sla_tier, created_at=now, updated_at=now, min_nodes=min_nodes,
+                         mode=mode)
             s.add(job)
             s.flush()
             names = list(dict.fromkeys([*nodes, *([pinned_node] if pinned_node else [])]))
@@ -170,7 +179,7 @@ class Store(AdminMixin, StoreBase):
         with self._tx() as s:
             row = self._job_row(s, job_id)
             row.state, row.updated_at = state, self.now()
-            if state in ("finished", "failed"):
+            if state in ("finished", "failed", "stopped"):
                 for rm in s.scalars(select(RankMapRow).where(RankMapRow.job_id == job_id,
                                                              RankMapRow.ended_at.is_(None))):
                     rm.ended_at = row.updated_at
@@ -184,8 +193,14 @@ class Store(AdminMixin, StoreBase):
         max_devices: int | None = None,
         sla_tier: str | None = None,
         min_nodes: int | None = None,
+        mode: str | None = None,
+        last_step: int | None = None,
+        layout: str | None = None,
     ) -> None:
-        """Change job attributes learnt later (e.g. the Slurm id once sbatch answers); None = keep."""
+        """Change job attributes learnt later (e.g. the Slurm id once sbatch answers, the mode once the
+        workers register, the last step seen); None = keep."""
+        if mode is not None:
+            check("job mode", mode, JOB_MODES)
         if sla_tier is not None:
             check("SLA tier", sla_tier, SLA_TIERS)
         if (max_devices is not None and max_devices <= 0) or (min_nodes is not None and min_nodes <= 0):
@@ -193,7 +208,8 @@ class Store(AdminMixin, StoreBase):
         with self._tx() as s:
             row = self._job_row(s, job_id)
             for name, value in (("slurm_job_id", slurm_job_id), ("pinned_node", pinned_node),
-                                ("max_devices", max_devices), ("sla_tier", sla_tier), ("min_nodes", min_nodes)):
+                                ("max_devices", max_devices), ("sla_tier", sla_tier), ("min_nodes", min_nodes),
+                                ("mode", mode), ("last_step", last_step), ("layout", layout)):
                 if value is not None:
                     setattr(row, name, value)
             row.updated_at = self.now()
@@ -350,14 +366,17 @@ class Store(AdminMixin, StoreBase):
         fragmentation_before: dict[str, Any],
         *,
         status: str = "running",
+        kind: str = "live",
     ) -> int:
-        """Record that a migration began (status running, or planned); returns its id."""
+        """Record that a migration began (status running, or planned); returns its id. kind: live (state
+        moved between running workers) or restart (every worker stopped, a new world started)."""
         check("trigger", trigger, MIGRATION_TRIGGERS)
+        check("migration kind", kind, MIGRATION_KINDS)
         check("migration status", status, ("planned", "running"))
         with self._tx() as s:
             self._job_row(s, job_id)
             row = MigrationRow(job_id=job_id, from_layout=from_layout, to_layout=to_layout, trigger=trigger,
-                               status=status, started_at=self.now(), plan_summary=dict(plan_summary),
+                               status=status, kind=kind, started_at=self.now(), plan_summary=dict(plan_summary),
                                fragmentation_before=dict(fragmentation_before))
             s.add(row)
             s.flush()
@@ -479,7 +498,7 @@ class Store(AdminMixin, StoreBase):
         with self._tx() as s:
             job = self._job_row(s, job_id)
             end = to_db(now) if now else self.now()
-            if job.state in ("finished", "failed"):
+            if job.state in ("finished", "failed", "stopped"):
                 end = min(end, job.updated_at)
             counts = dict(s.execute(
                 select(RankMapRow.id, func.count(RankEntryRow.id))

@@ -4,12 +4,14 @@ Kept as plain tuples (no SQLAlchemy) so argument parsers can offer them as choic
 """
 from __future__ import annotations
 
-JOB_STATES = ("running", "suspended", "finished", "failed")
+JOB_STATES = ("running", "suspended", "finished", "failed", "stopped")
+JOB_MODES = ("live", "restart")  # live: state moves between running workers; restart: torchrun-style restarts
+MIGRATION_KINDS = ("live", "restart")
 NODE_STATES = ("active", "idle", "released", "failed")
 DEVICE_STATES = ("used", "idle", "failed")
 MIGRATION_TRIGGERS = ("resize", "preempt", "signal", "failure", "dashboard", "demo")
 MIGRATION_STATUSES = ("planned", "running", "succeeded", "failed")
-PHASES = ("plan", "build_groups", "execute", "rebuild", "other")
+PHASES = ("plan", "build_groups", "execute", "rebuild", "other", "stop", "start")
 REQUEST_ACTIONS = ("preempt", "shrink", "grow", "suspend", "resume")
 REQUEST_STATUSES = ("pending", "done", "failed")
 ROLES = ("admin", "viewer")

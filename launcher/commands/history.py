@@ -55,8 +55,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
         return "-" if x is None else f"{x:.2f}"
 
     header = ["ID", "JOB", "TRIGGER", "STATUS", "FROM -> TO", "STARTED (UTC)", "SECONDS", "PAUSE",
-              "PHASES (plan/groups/execute/rebuild/other)", "MOVED", "CHECKPOINT", "VERIFIED"]
-    body = [[str(r["id"]), r["job_name"], r["trigger"], r["status"], f"{r['from_layout']} -> {r['to_layout']}",
+              "PHASES (" + "/".join(p.replace("build_", "") for p in PHASES) + ")", "MOVED", "CHECKPOINT", "VERIFIED"]
+    body = [[str(r["id"]), r["job_name"], r["trigger"] + (" (restart)" if r.get("kind") == "restart" else ""),
+             r["status"], f"{r['from_layout']} -> {r['to_layout']}",
              r["started_at"][:19].replace("T", " "), sec(r["duration_s"]), sec(r["pause_s"]),
              "/".join(sec(r[f"{p}_s"]) for p in PHASES),
              human_bytes(r["bytes_moved"]), human_bytes(r["bytes_checkpoint"]),

@@ -42,8 +42,8 @@ def lookup_job(store: "Store", ref: str) -> "Job":
     job = store.find_job(ref)
     if job is None:
         raise UsageError(f"no job {ref!r} in {store.display_url}; see `elastic history` or the dashboard")
-    if job.state in ("finished", "failed"):
-        raise UsageError(f"job {job.name} (id {job.id}) is {job.state}; nothing to change")
+    if job.state != "running":
+        raise UsageError(f"job {job.name} (id {job.id}) is {job.state}, not running; nothing to change")
     return job
 
 

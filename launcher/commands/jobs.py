@@ -1,0 +1,57 @@
+"""`elastic jobs`: the jobs the database knows, one line each (or JSON).
+
+A job is listed from the moment `elastic-launch` starts it, in either mode: `live` (its program uses
+the runtime API, state moves between running workers) or `restart` (torchrun's contract: every
+worker is restarted on the new node set and resumes from the script's own checkpoint).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from launcher.commands.history import add_db_argument, open_store
+
+COLUMNS = ("id", "name", "slurm_job_id", "state", "mode", "layout", "nodes", "last_step")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from db.vocab import JOB_STATES
+
+    add_db_argument(parser)
+    parser.add_argument("--state", choices=JOB_STATES, help="only jobs in this state")
+    parser.add_argument("--json", action="store_true", help="print a JSON array")
+
+
+def rows(store, state: str | None = None) -> list[dict]:
+    """One flat dict per job (COLUMNS); nodes: the nodes the job holds and runs on now."""
+    out = []
+    for job in store.list_jobs(state):
+        nodes = [n.name for n in store.list_nodes(job.id) if n.state == "active"]
+        out.append({"id": job.id, "name": job.name, "slurm_job_id": job.slurm_job_id, "state": job.state,
+                    "mode": job.mode, "layout": job.layout, "nodes": nodes, "last_step": job.last_step})
+    return out
+
+
+def _table(items: list[dict]) -> str:
+    header = ["ID", "NAME", "SLURM", "STATE", "MODE", "LAYOUT", "NODES", "STEP"]
+    body = [[str(r["id"]), r["name"], r["slurm_job_id"] or "-", r["state"], r["mode"], r["layout"],
+             ",".join(r["nodes"]) or "-", "-" if r["last_step"] is None else str(r["last_step"])] for r in items]
+    widths = [max(len(x) for x in col) for col in zip(header, *body)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *body])
+
+
+def run(args: argparse.Namespace) -> int:
+    store = open_store(args.db)
+    try:
+        items = rows(store, args.state)
+    finally:
+        store.close()
+    if args.json:
+        json.dump(items, sys.stdout, indent=2)
+        print()
+    elif items:
+        print(_table(items))
+    else:
+        print("no jobs" + (f" in state {args.state}" if args.state else ""), file=sys.stderr)
+    return 0
