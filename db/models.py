@@ -42,6 +42,7 @@ class JobRow(Base):
     min_nodes: Mapped[int] = mapped_column(default=1, server_default="1")  # v4: requests never go below it
     mode: Mapped[str] = mapped_column(String(16), default="live")  # v6: live (runtime API) or restart (torchrun's)
     last_step: Mapped[Optional[int]]  # v6: the last finished training step the launcher saw
+    launch_spec: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)  # v7: model, node range, layout per size
 
 
 class NodeRow(Base):
@@ -162,3 +163,31 @@ class UserRow(Base):
     role: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
     session_version: Mapped[int] = mapped_column(default=0, server_default="0")  # v4: bumped to revoke cookies
+
+
+class JobStepRow(Base):
+    """v7: one committed training step as the workers report it (loss curve, step rate)."""
+
+    __tablename__ = "job_steps"
+    __table_args__ = (Index("ix_job_steps_job_step", "job_id", "step"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    step: Mapped[int]
+    loss: Mapped[Optional[float]]
+    layout: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime]
+
+
+class ClusterSampleRow(Base):
+    """v7: the cluster-wide fragmentation at one moment (the dashboard's history chart)."""
+
+    __tablename__ = "cluster_samples"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    source: Mapped[str] = mapped_column(String(16))  # slurm or local
+    gpus_total: Mapped[int]
+    gpus_free: Mapped[int]
+    stranded: Mapped[int]
+    free_nodes: Mapped[int]
+    largest_free_block: Mapped[int]
+    frag_index: Mapped[float]

@@ -133,3 +133,28 @@ class User:
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One committed training step as reported by the workers (v5)."""
+
+    job_id: int
+    step: int
+    loss: float | None
+    layout: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class ClusterSample:
+    """Cluster-wide fragmentation at one moment (v7); `index` = stranded / free GPUs (0 when none free)."""
+
+    at: datetime
+    source: str
+    gpus_total: int
+    gpus_free: int
+    stranded: int
+    free_nodes: int
+    largest_free_block: int
+    index: float

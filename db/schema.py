@@ -190,8 +190,40 @@ def _v5_to_v6(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE migrations ADD COLUMN kind VARCHAR(16) NOT NULL DEFAULT 'live'"))
 
 
+def _v6_to_v7(conn: Connection) -> None:
+    """v7: what the cluster view needs: each job's launch spec (model, node range, layout per size:
+    enough for a dashboard dry run of the planner), the steps workers commit (loss curve, step rate),
+    and samples of cluster-wide fragmentation over time."""
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN launch_spec JSON"))
+    md = MetaData()
+    Table("jobs", md, Column("id", Integer, primary_key=True))
+    Table(
+        "job_steps", md,
+        Column("id", Integer, primary_key=True),
+        Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+        Column("step", Integer, nullable=False),
+        Column("loss", Float),
+        Column("layout", String(64), nullable=False),
+        Column("at", DateTime, nullable=False),
+        Index("ix_job_steps_job_step", "job_id", "step"),
+    )
+    Table(
+        "cluster_samples", md,
+        Column("id", Integer, primary_key=True),
+        Column("at", DateTime, nullable=False, index=True),
+        Column("source", String(16), nullable=False),
+        Column("gpus_total", Integer, nullable=False),
+        Column("gpus_free", Integer, nullable=False),
+        Column("stranded", Integer, nullable=False),
+        Column("free_nodes", Integer, nullable=False),
+        Column("largest_free_block", Integer, nullable=False),
+        Column("frag_index", Float, nullable=False),
+    )
+    md.create_all(conn, tables=[md.tables["job_steps"], md.tables["cluster_samples"]])
+
+
 #: MIGRATIONS[i] upgrades a database from version i+1 to version i+2.
-MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6]
+MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6, _v6_to_v7]
 CURRENT_VERSION = len(MIGRATIONS) + 1
 
 

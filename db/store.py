@@ -18,6 +18,7 @@ from db.models import DeviceRow, JobRow, MigrationPhaseRow, MigrationRow, NodeRo
 from db.records import Job, Migration, Node, RankEntry, RankMap
 from db.sla import gpu_fraction
 from db.store_admin import AdminMixin
+from db.store_cluster import ClusterMixin
 from db.vocab import (
     JOB_MODES,
     JOB_STATES,
@@ -94,7 +95,7 @@ def _history_row(m: Migration) -> dict[str, Any]:
     }
 
 
-class Store(AdminMixin, StoreBase):
+class Store(AdminMixin, ClusterMixin, StoreBase):
     """The only way to touch the elastic database.
 
     `Store(url)` opens (creating if needed) and upgrades the schema; `Store(url, create=False)`

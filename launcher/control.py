@@ -159,6 +159,13 @@ class Control:
     def set_step(self, device: int, step: int) -> None:
         self.store.set(f"step/{device}", str(step))
 
+    def set_loss(self, step: int, loss: float, layout: str) -> None:
+        """The latest committed step's loss (the launcher copies it to the database for the timeline)."""
+        self.set_json("loss", {"step": step, "loss": loss, "layout": layout})
+
+    def loss(self) -> dict | None:
+        return self.get_json("loss") if self.has("loss") else None
+
     def steps(self, devices: Iterable[int]) -> dict[int, int]:
         out = {}
         for d in devices:

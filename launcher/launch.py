@@ -281,6 +281,7 @@ class Launcher:
         self.suspended = False
         self.world = "w0"  # the process-group world the current layout trains in
         self.epoch_base = 0  # database epochs of a resumed job continue after its earlier ones
+        self.loss_step = 0  # the last step whose loss is in the database
         self.ckpt_dir = str(Path(opts.checkpoint_dir or default_checkpoint_dir(getattr(store, "url", None),
                                                                                opts.job_name)).resolve())
 
@@ -340,6 +341,27 @@ class Launcher:
 
         return choose_layout(devices, self.gpn, self.opts.layouts, self.model)
 
+    def launch_spec(self) -> dict:
+        """What the dashboard's dry run of a preempt needs without importing the launcher: the model,
+        the node range, and the layout this job's policy picks for every node count in it."""
+        from migrate.layout import LayoutError
+
+        layouts = {}
+        for n in range(self.opts.min_nodes, self.opts.max_nodes + 1):
+            try:
+                layouts[str(n * self.gpn)] = str(self.choose(n * self.gpn))
+            except LayoutError:
+                continue
+        return {"model": self.ctl.model(), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
+                "gpus_per_node": self.gpn, "layouts": layouts}
+
+    def record_loss(self) -> None:
+        """Copy the latest step the workers reported (loss, layout) into the database, once per step."""
+        rep = self.ctl.loss()
+        if rep and rep["step"] != self.loss_step:  # a restore from a checkpoint goes back
+            self.loss_step = rep["step"]
+            self.db.record_step(self.job_id, rep["step"], rep["loss"], rep["layout"])
+
     # -- start ------------------------------------------------------------------------------
     def start(self) -> None:
         from migrate.layout import ModelSpec
@@ -368,6 +390,7 @@ class Launcher:
         else:  # the same job goes on: its history, requests and epochs continue
             self.job_id = job.id
             self._adopt(job, nodes)
+        self.db.set_launch_spec(self.job_id, self.launch_spec())
         self.db.record_rank_map(self.job_id, self.epoch_base, str(layout), self._entries(self.current))
         self.log(f"job {self.job_id}: {layout} on {len(devices)} devices of {','.join(nodes)}")
         if path:
@@ -938,6 +961,7 @@ class Launcher:
                 self.log("USR1: suspending")
                 self.suspend("signal")
                 return False
+        self.record_loss()
         for req in self.db.pending_requests(self.job_id):
             self.handle_request(req)
             if self.stopped:

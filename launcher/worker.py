@@ -422,6 +422,8 @@ class Worker:
             self._settle_checkpoint(only_if_done=True)
         if self.ckpt_every and step % self.ckpt_every == 0:
             self._safety_checkpoint(step)
+        if loss is not None and self.trainer.dp == 0 and self.trainer.tp == 0:
+            self.ctl.set_loss(step, loss, str(self.trainer.cfg))
         if loss is not None and self.args.loss_file and self.trainer.dp == 0 and self.trainer.tp == 0:
             with open(self.args.loss_file, "a") as f:
                 f.write(f"{step} {loss!r} {self.trainer.cfg}\n")

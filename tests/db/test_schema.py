@@ -144,17 +144,23 @@ def test_upgrade_from_v2_adds_checkpoint_and_lost_step_columns(tmp_path: Path) -
     assert _columns(old) == _columns(fresh)
 
 
-def test_upgrade_from_v3_adds_a_nullable_pause(tmp_path: Path) -> None:
+def _database_at(tmp_path: Path, version: int) -> Path:
+    """A database file at an older schema version (v1 upgraded step by step), no rows."""
     from db.schema import MIGRATIONS, _stamp
 
-    old = tmp_path / "v3.db"
+    old = tmp_path / f"v{version}.db"
     engine = create_engine(f"sqlite:///{old}")
     create_v1(engine)
     with engine.begin() as conn:
-        for i in range(2):
-            MIGRATIONS[i](conn)
-        _stamp(conn, 3)
+        for step in MIGRATIONS[:version - 1]:
+            step(conn)
+        _stamp(conn, version)
     engine.dispose()
+    return old
+
+
+def test_upgrade_from_v3_adds_a_nullable_pause(tmp_path: Path) -> None:
+    old = _database_at(tmp_path, 3)
     assert "pause_s" not in _columns(old)["migrations"]
     store = Store(f"sqlite:///{old}")
     assert (store.schema_found, store.schema_version) == (3, CURRENT_VERSION) and CURRENT_VERSION >= 4
@@ -172,16 +178,7 @@ def test_upgrade_from_v3_adds_a_nullable_pause(tmp_path: Path) -> None:
 
 
 def test_upgrade_from_v4_adds_session_version_audit_address_and_min_nodes(tmp_path: Path) -> None:
-    from db.schema import MIGRATIONS, _stamp
-
-    old = tmp_path / "v4.db"
-    engine = create_engine(f"sqlite:///{old}")
-    create_v1(engine)
-    with engine.begin() as conn:
-        for i in range(3):
-            MIGRATIONS[i](conn)
-        _stamp(conn, 4)
-    engine.dispose()
+    old = _database_at(tmp_path, 4)
     con = sqlite3.connect(old)
     con.execute("INSERT INTO users (name, password_hash, role, created_at) VALUES ('u', 'x', 'admin', '2024-01-01')")
     con.commit()
@@ -200,3 +197,18 @@ def test_upgrade_from_v4_adds_session_version_audit_address_and_min_nodes(tmp_pa
     assert _columns(old) == _columns(fresh)
     indexes = {i["name"] for i in inspect(create_engine(f"sqlite:///{old}")).get_indexes("jobs")}
     assert "ix_jobs_state" in indexes
+
+
+def test_upgrade_from_v6_adds_launch_spec_steps_and_cluster_samples(tmp_path: Path) -> None:
+    old = _database_at(tmp_path, 6)
+    assert "launch_spec" not in _columns(old)["jobs"] and "job_steps" not in _columns(old)
+    store = Store(f"sqlite:///{old}")
+    assert (store.schema_found, store.schema_version) == (6, CURRENT_VERSION) and CURRENT_VERSION >= 7
+    job = store.create_job("j", "pp2tp1dp1", 1, 2)
+    assert store.launch_spec(job) is None
+    store.record_step(job, 1, 2.5, "pp2tp1dp1")
+    assert [(s.step, s.loss) for s in store.steps(job)] == [(1, 2.5)]
+    store.close()
+    fresh = tmp_path / "fresh.db"
+    Store(f"sqlite:///{fresh}").close()
+    assert _columns(old) == _columns(fresh)

@@ -72,6 +72,13 @@ def test_resize_requests_shrink_and_grow_with_bit_exact_records(tmp_path, capsys
     assert nodes["node0"] == "active"
     # every worker exited cleanly
     assert not la.handles
+    # what the dashboard's cluster view reads: the launch spec (policy per size) and the reported losses
+    spec = store.launch_spec(job.id)
+    assert spec["layouts"] == {"2": "pp2tp1dp1", "4": "pp2tp2dp1"} and spec["model"]["layers"] == 4
+    steps = store.steps(job.id)
+    assert steps and all(s.loss is not None and s.loss > 0 for s in steps)
+    assert {s.layout for s in steps} == {"pp2tp2dp1", "pp2tp1dp1"}
+    assert [s.step for s in steps] == sorted({s.step for s in steps})  # once per step, in order
 
 
 def test_preempt_of_the_batch_node_is_refused_and_a_dead_worker_is_recorded(tmp_path):
