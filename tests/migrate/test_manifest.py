@@ -1,0 +1,130 @@
+"""State manifests: the byte workload they give the planner, checked against independent oracles
+(the reference GPT's rectangle byte model; element masks counted by brute force), and the meta-device
+manifest of a layout checked against the DTensor state of real processes holding it."""
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from migrate.layout import ModelSpec, ParallelConfig
+from migrate.manifest import (
+    Manifest, ManifestError, ShardEntry, class_cost, gpt_manifest, layout_manifests, meta_module, module_manifest,
+    plan_manifest,
+)
+from migrate.workload import ByteModel, class_workloads, slice_units
+
+
+@pytest.mark.parametrize("prev,curr", [("pp2tp2", "pp2tp1"), ("pp4tp2", "pp2tp4"), ("pp1tp4", "pp4tp1"),
+                                       ("pp2tp1dp2", "pp1tp2dp1")])
+def test_gpt_manifests_give_the_rectangle_byte_model(prev: str, curr: str) -> None:
+    model = ModelSpec(layers=4, hidden=128, heads=4, vocab=512, seq_len=16)
+    a, b = ParallelConfig.parse(prev), ParallelConfig.parse(curr)
+    units = slice_units(a.tp, b.tp)
+    want = ByteModel.of_model(model, units).cost(class_workloads(b, 4, units), class_workloads(a, 4, units))
+    got = class_cost(layout_manifests(b, lambda r: gpt_manifest(model, b, r)),
+                     layout_manifests(a, lambda r: gpt_manifest(model, a, r)))
+    np.testing.assert_array_equal(got, want)
+
+
+def _mask(e: ShardEntry) -> np.ndarray:
+    """Brute force: which elements of the global tensor the piece holds (np.array_split = Shard chunks)."""
+    m = np.zeros(e.shape or (1,), dtype=bool)
+    if e.dim is None:
+        m[...] = True
+        return m
+    n = e.shape[e.dim]
+    chunk = -(-n // e.count)
+    idx = [slice(None)] * len(e.shape)
+    idx[e.dim] = slice(min(e.index * chunk, n), min((e.index + 1) * chunk, n))
+    m[tuple(idx)] = True
+    return m
+
+
+def test_overlaps_match_element_masks_for_uneven_and_crossed_shards() -> None:
+    shape = (7, 5)
+    pieces = [ShardEntry("w", shape, "float32")] + [
+        ShardEntry("w", shape, "float32", d, i, c) for d in (0, 1) for c in (2, 3, 4) for i in range(c)]
+    rows = [Manifest((p,)) for p in pieces]
+    cost = class_cost(rows, rows)
+    for (i, a), (j, b) in itertools.product(enumerate(pieces), repeat=2):
+        need = _mask(a).sum() * 4
+        both = (_mask(a) & _mask(b)).sum() * 4
+        assert cost[i, j] == need - both, (a, b)
+
+
+def test_bad_manifests_are_refused_in_one_line() -> None:
+    with pytest.raises(ManifestError, match="more than once"):
+        Manifest((ShardEntry("a", (2,), "float32"), ShardEntry("a", (2,), "float32")))
+    with pytest.raises(ManifestError, match="shard dim 2"):
+        ShardEntry("a", (2, 2), "float32", 2, 0, 2)
+    with pytest.raises(ManifestError, match="shape/dtype"):
+        class_cost([Manifest((ShardEntry("a", (4,), "float32"),))], [Manifest((ShardEntry("a", (8,), "float32"),))])
+
+
+class Mixer(nn.Module):
+    """Not the GPT: other names and shapes (a small MLP-Mixer-like block)."""
+
+    def __init__(self, d: int = 8, hidden: int = 12) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, hidden)
+        self.down = nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+TP_PLAN = {"up": "ColwiseParallel", "down": "RowwiseParallel"}
+
+
+def test_meta_manifest_of_a_tp_layout() -> None:
+    m = meta_module(Mixer)
+    assert next(m.parameters()).device.type == "meta"
+    got = {e.fqn: (e.dim, e.index, e.count, e.local_shape) for e in plan_manifest(m, TP_PLAN, 2, 1).entries}
+    assert got["up.weight"] == (0, 1, 2, (6, 8)) and got["up.bias"] == (0, 1, 2, (6,))
+    assert got["down.weight"] == (1, 1, 2, (8, 6)) and got["down.bias"] == (None, 0, 1, (8,))
+    assert got["norm.weight"] == (None, 0, 1, (8,))
+    assert got["optim.state.down.weight.exp_avg"] == (1, 1, 2, (8, 6))
+    assert got["optim.state.up.bias.step"] == (None, 0, 1, ())
+
+
+def _real_manifest(rank: int, port: int, q) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    model = parallelize_module(Mixer(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    q.put((rank, module_manifest(model, opt).to_list()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_meta_manifest_equals_the_dtensor_state_real_processes_hold() -> None:
+    import torch.multiprocessing as mp
+
+    from launcher.control import free_port
+
+    ctx = mp.get_context("spawn")
+    q, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_real_manifest, args=(r, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    for r in range(2):
+        real = {e.fqn: e for e in Manifest.from_list(got[r]).entries}
+        meta = {e.fqn: e for e in plan_manifest(meta_module(Mixer), TP_PLAN, 2, r).entries}
+        assert real == meta
