@@ -1,24 +1,21 @@
-"""`elastic bench`: the paper's six reconfigurations, migrated directly and through checkpoints.
+"""`elastic bench`'s scenarios, model sizing and the loopback ceiling it measures migrations against.
 
-Every figure comes from real processes on this machine (one per device, gloo on loopback):
-the direct migration through `localrun`, the checkpoint paths through `baselines`, and the
-point-to-point ceiling from two processes exchanging a buffer with batch_isend_irecv.
+The scenarios themselves run through the real launcher (launcher.bench); this module holds what
+does not need the launcher: the paper's six reconfigurations, a model size that fits this
+machine's memory for all of them, and the aggregate throughput N processes reach when every one
+of them sends and receives at once over gloo on loopback (the most a migration among N devices
+can move per second here).
 """
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from migrate.layout import ModelSpec, ParallelConfig
-from migrate.localrun import Scenario, free_port, run_scenario
 from migrate.train import TrainConfig
 
 PAPER_SCENARIOS = {
@@ -30,13 +27,19 @@ PAPER_SCENARIOS = {
     "pp4tp2dp3-pp4tp8dp1": ("pp4tp2dp3", "pp4tp8dp1"),
 }
 
+#: private memory of one idle worker process after importing torch and warming up (measured: ~240 MB)
+WORKER_BASE_BYTES = 300 << 20
+#: hidden sizes tried, largest first, when --hidden is not given
+HIDDEN_CHOICES = (512, 384, 256, 128)
+
 
 @dataclass(frozen=True)
 class BenchConfig:
-    layers: int = 48
-    hidden: int = 512
+    layers: int = 48  # divisible by 16 and 6: every paper layout splits it evenly
+    hidden: int = 384
     vocab: int = 8192
     seq_len: int = 32
+    global_batch: int = 6  # splits over dp 1 and 3
     gpus_per_node: int = 8
     release_early: bool = False
 
@@ -44,83 +47,77 @@ class BenchConfig:
         return ModelSpec(layers=self.layers, hidden=self.hidden, heads=8, vocab=self.vocab, seq_len=self.seq_len)
 
     def train(self) -> TrainConfig:
-        return TrainConfig(global_batch=24, micro_batch=1, seq_len=self.seq_len)  # splits over dp 1, 2, 3
+        return TrainConfig(global_batch=self.global_batch, micro_batch=1, seq_len=self.seq_len)
 
 
-def _p2p_worker(rank: int, port: int, nbytes: int, queue) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    buf = torch.ones(nbytes, dtype=torch.uint8) if rank == 0 else torch.empty(nbytes, dtype=torch.uint8)
-    best = 0.0
+def estimated_peak_bytes(model: ModelSpec, prev: ParallelConfig, curr: ParallelConfig) -> int:
+    """A generous estimate of the memory a scenario needs at its peak: every worker's base, the old
+    layout's replicas (params, grads, two moments), and the new layout's state arriving."""
+    params = model.state_bytes // 3  # param + exp_avg + exp_avg_sq, all fp32
+    workers = max(prev.world_size, curr.world_size)
+    return workers * WORKER_BASE_BYTES + params * (4 * prev.dp + 3 * curr.dp)
+
+
+def mem_available() -> int:
+    """MemAvailable of this machine in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def fit_hidden(base: BenchConfig, scenarios: list[str], budget: int) -> BenchConfig | None:
+    """The largest hidden size whose every scenario's estimated peak stays within `budget` bytes."""
+    from dataclasses import replace
+
+    for h in HIDDEN_CHOICES:
+        cfg = replace(base, hidden=h)
+        model = cfg.model()
+        if all(estimated_peak_bytes(model, *map(ParallelConfig.parse, PAPER_SCENARIOS[s])) <= budget
+               for s in scenarios):
+            return cfg
+    return None
+
+
+def _ring_worker(rank: int, n: int, port: int, nbytes: int, queue) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    out = torch.ones(nbytes, dtype=torch.uint8)
+    into = torch.empty(nbytes, dtype=torch.uint8)  # allocated ahead, as the executor's buffers are
+    best = float("inf")
     for _ in range(3):
         dist.barrier()
         t0 = time.perf_counter()
-        op = dist.P2POp(dist.isend if rank == 0 else dist.irecv, buf, 1 - rank)
-        for req in dist.batch_isend_irecv([op]):
+        ops = [dist.P2POp(dist.isend, out, (rank + 1) % n), dist.P2POp(dist.irecv, into, (rank - 1) % n)]
+        for req in dist.batch_isend_irecv(ops):
             req.wait()
         dist.barrier()
-        best = max(best, nbytes / (time.perf_counter() - t0))
-    if rank == 1:
-        queue.put(best)
+        best = min(best, time.perf_counter() - t0)
+    if rank == 0:
+        queue.put(n * nbytes / best)
+    dist.barrier()
     dist.destroy_process_group()
 
 
-def p2p_bandwidth(nbytes: int = 256 << 20) -> float:
-    """Bytes/s that batch_isend_irecv reaches between two processes (best of three, buffers preallocated)."""
-    ctx = mp.get_context("spawn")
+def loopback_ceiling(nprocs: int, nbytes: int = 32 << 20) -> float:
+    """Aggregate bytes/s of `nprocs` processes that each send `nbytes` to the next and receive from the
+    previous at the same time (gloo, loopback, buffers allocated ahead; best of three).
+
+    Forked, not spawned: a child needs no fresh torch import (seconds each on 2 cores); call it
+    before this process starts threads of its own (the launcher's control store)."""
+    from migrate.localrun import free_port
+
+    ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_p2p_worker, args=(r, port, nbytes, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_ring_worker, args=(r, nprocs, port, nbytes, queue)) for r in range(nprocs)]
     for p in procs:
         p.start()
-    value = queue.get(timeout=300)
-    for p in procs:
-        p.join()
-    return value
-
-
-def run_etc(cfg: BenchConfig, prev: ParallelConfig, curr: ParallelConfig) -> dict:
-    sc = Scenario(cfg.model(), prev, curr, cfg.train(), steps_before=1, steps_after=1,
-                  gpus_per_node=cfg.gpus_per_node, timeout_s=300, release_early=cfg.release_early)
-    reports = run_scenario(sc, timeout_s=1800)
-    errors = [r.error for r in reports if r.error]
-    phases = ("plan", "build_groups", "execute", "rebuild", "other")
-    # every device starts after a barrier; the migration lasts as long as its slowest device
-    per_device = [sum(r.phases.get(k, 0.0) for k in phases) for r in reports]
-    worst = max(range(len(reports)), key=lambda i: per_device[i])
-    execute_s = max(r.phases.get("execute", 0.0) for r in reports)
-    moved = sum(r.bytes_received for r in reports)
-    ratios = [r.peak_bytes / r.steady_bytes for r in reports if r.steady_bytes]
-    return {
-        "etc_s": per_device[worst],
-        "phases": {k: reports[worst].phases.get(k, 0.0) for k in phases},
-        "execute_s": execute_s,
-        "bytes_moved": moved,
-        "execute_bytes_per_s": moved / execute_s if execute_s else 0.0,
-        "peak_mem_ratio": max(ratios, default=0.0),
-        "bit_exact": not errors,
-        "errors": errors,
-        "losses_after": next((r.losses_after for r in reports if r.losses_after and r.losses_after[0] is not None), []),
-    }
-
-
-def run_scenario_bench(name: str, cfg: BenchConfig, baselines: bool, progress: Callable[[str], None]) -> dict:
-    prev, curr = (ParallelConfig.parse(x) for x in PAPER_SCENARIOS[name])
-    progress(f"[{name}] direct migration on {max(prev.world_size, curr.world_size)} processes ...")
-    row: dict = {"scenario": name, **run_etc(cfg, prev, curr)}
-    row["baselines"] = {}
-    if baselines:
-        from migrate.baselines import run_baseline
-
-        for kind in ("torch_save", "dcp"):
-            progress(f"[{name}] checkpoint baseline {kind} ...")
-            with tempfile.TemporaryDirectory(prefix=f"bench-{kind}-", dir=os.environ.get("ELASTIC_BENCH_DIR")) as d:
-                res = run_baseline(kind, cfg.model(), prev, curr, tc=cfg.train(), steps_before=1,
-                                   workdir=Path(d), port=free_port())
-            row["baselines"][kind] = res.total_s
-            row.setdefault("baseline_detail", {})[kind] = {"save_s": res.save_s, "restart_s": res.restart_s,
-                                                          "load_s": res.load_s, "bit_exact": res.bit_exact}
-        fastest = min(row["baselines"].values())
-        row["speedup_vs_fastest"] = fastest / row["etc_s"] if row["etc_s"] else None
-    else:
-        row["speedup_vs_fastest"] = None
-    return row
+    try:
+        return queue.get(timeout=300)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
