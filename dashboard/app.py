@@ -6,7 +6,7 @@ from typing import Any
 
 from flask import Flask
 
-from dashboard import actions, auth, views
+from dashboard import actions, auth, cluster_views, views
 from dashboard.config import ConfigError, check_secret
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -32,4 +32,5 @@ def create_app(config: dict[str, Any]) -> Flask:
     auth.init_app(app)
     views.init_app(app)
     actions.init_app(app)
+    cluster_views.init_app(app)
     return app

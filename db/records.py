@@ -147,14 +147,21 @@ class StepRecord:
 
 
 @dataclass(frozen=True)
-class ClusterSample:
-    """Cluster-wide fragmentation at one moment (v7); `index` = stranded / free GPUs (0 when none free)."""
+class Fragmentation:
+    """Cluster-wide figures (see dashboard.cluster for the definitions); `index` = stranded / free GPUs."""
 
-    at: datetime
-    source: str
     gpus_total: int
     gpus_free: int
     stranded: int
     free_nodes: int
     largest_free_block: int
     index: float
+
+
+@dataclass(frozen=True)
+class ClusterSample:
+    """Cluster-wide fragmentation at one moment (v7), as the dashboard's history chart draws it."""
+
+    at: datetime
+    source: str
+    figures: Fragmentation

@@ -21,7 +21,7 @@ from db.models import (
     MigrationRow,
     RankMapRow,
 )
-from db.records import ClusterSample, StepRecord
+from db.records import ClusterSample, Fragmentation, StepRecord
 
 
 class ClusterMixin:
@@ -69,10 +69,10 @@ class ClusterMixin:
             last = s.scalar(select(func.max(ClusterSampleRow.at)))
             if last is not None and to_db(sample.at) - last < timedelta(seconds=min_interval_s):
                 return False
-            s.add(ClusterSampleRow(at=to_db(sample.at), source=sample.source, gpus_total=sample.gpus_total,
-                                   gpus_free=sample.gpus_free, stranded=sample.stranded,
-                                   free_nodes=sample.free_nodes, largest_free_block=sample.largest_free_block,
-                                   frag_index=sample.index))
+            f = sample.figures
+            s.add(ClusterSampleRow(at=to_db(sample.at), source=sample.source, gpus_total=f.gpus_total,
+                                   gpus_free=f.gpus_free, stranded=f.stranded, free_nodes=f.free_nodes,
+                                   largest_free_block=f.largest_free_block, frag_index=f.index))
             return True
 
     def cluster_samples(self, since: datetime | None = None, limit: int = 500) -> list[ClusterSample]:
@@ -82,8 +82,9 @@ class ClusterMixin:
             q = q.where(ClusterSampleRow.at >= to_db(since))
         with self._tx() as s:
             rows = list(s.scalars(q))
-            return [ClusterSample(from_db(r.at), r.source, r.gpus_total, r.gpus_free, r.stranded,  # type: ignore[arg-type]
-                                  r.free_nodes, r.largest_free_block, r.frag_index) for r in reversed(rows)]
+            return [ClusterSample(from_db(r.at), r.source, Fragmentation(  # type: ignore[arg-type]
+                r.gpus_total, r.gpus_free, r.stranded, r.free_nodes, r.largest_free_block, r.frag_index))
+                for r in reversed(rows)]
 
     # --------------------------------------------------------- change marks
     def change_marks(self) -> dict[str, tuple[Any, ...]]:

@@ -7,7 +7,7 @@ import pytest
 
 from db import Store
 from db.errors import NotFoundError
-from db.records import ClusterSample
+from db.records import ClusterSample, Fragmentation
 from tests.db.seed import T0, FakeClock, layout_entries
 
 
@@ -39,14 +39,14 @@ def test_cluster_samples_respect_the_minimum_interval(tmp_path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'x.db'}")
 
     def sample(sec: float, stranded: int) -> ClusterSample:
-        return ClusterSample(T0 + timedelta(seconds=sec), "local", 16, 8, stranded, 1, 1, stranded / 8)
+        return ClusterSample(T0 + timedelta(seconds=sec), "local", Fragmentation(16, 8, stranded, 1, 1, stranded / 8))
 
     assert store.add_cluster_sample(sample(0, 2), min_interval_s=10)
     assert not store.add_cluster_sample(sample(5, 3), min_interval_s=10)
     assert store.add_cluster_sample(sample(12, 4), min_interval_s=10)
     got = store.cluster_samples()
-    assert [(s.stranded, s.index) for s in got] == [(2, 0.25), (4, 0.5)]
-    assert store.cluster_samples(since=T0 + timedelta(seconds=1))[0].stranded == 4
+    assert [(s.figures.stranded, s.figures.index) for s in got] == [(2, 0.25), (4, 0.5)]
+    assert store.cluster_samples(since=T0 + timedelta(seconds=1))[0].figures.stranded == 4
     store.close()
 
 

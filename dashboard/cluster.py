@@ -1,0 +1,262 @@
+"""The admin's cluster view as plain values: every node drawn as GPUs, each GPU with the job on it,
+and cluster-wide fragmentation. Pure functions: no Flask, no database, no subprocess, so tests
+build views from recorded Slurm output and from hand-made rank maps alike.
+
+Two sources of truth:
+  * Slurm (`build_from_slurm`): nodes and every job from sinfo/squeue; our database only adds
+    which Slurm jobs are elastic (the job id, or its companion jobs `<name>-companion-<n>`) and
+    where each elastic rank runs. An elastic rank on its job's k-th GPU of a node sits on the
+    k-th GPU index Slurm gave that job there (CUDA_VISIBLE_DEVICES order).
+  * the local backend (`build_local`): no Slurm, so the nodes are the simulated ones our
+    database knows, each with its job's GPUs per node.
+
+Fragmentation, over usable nodes (not down, drained or reserved):
+  free GPUs      idle GPUs;
+  stranded GPUs  idle GPUs on nodes where some GPU is in use (no whole-node job can use them);
+  free nodes     nodes with every GPU idle; largest free block: the longest run of them in
+                 Slurm's node order (consecutive names are what a topology-aware request gets);
+  index          stranded / free GPUs: 0 when every free GPU sits on a whole free node, 1 when
+                 none does (0 when nothing is free).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from db.records import Fragmentation, RankEntry
+
+#: Node flags that make a node unusable for new work, and the mark the page shows for each.
+UNUSABLE_FLAGS = {"DRAIN": "drained", "DRAINED": "drained", "DRAINING": "draining", "RESERVED": "reserved",
+                  "MAINTENANCE": "maintenance", "NOT_RESPONDING": "not responding", "FAIL": "failing"}
+UNUSABLE_STATES = {"down": "down", "drained": "drained", "draining": "draining", "fail": "failing",
+                   "future": "future", "unknown": "unknown", "reserved": "reserved", "maint": "maintenance"}
+
+
+@dataclass(frozen=True)
+class ElasticJob:
+    """What the database knows about one running elastic job."""
+
+    id: int
+    name: str
+    slurm_job_id: str | None
+    layout: str
+    gpus_per_node: int
+    pinned_node: str | None
+    min_nodes: int
+    entries: tuple[RankEntry, ...]
+    held_nodes: tuple[str, ...] = ()  # nodes the job holds (ranks or not), in its own order
+
+
+@dataclass(frozen=True)
+class GpuCell:
+    index: int
+    kind: str  # idle | elastic (an elastic rank) | held (an elastic job's GPU without a rank) | job (non-elastic)
+    job: str = ""  # Slurm job id (or our job name on the local backend)
+    job_name: str = ""
+    elastic_id: int | None = None
+    rank: int | None = None
+    pp: int | None = None
+    tp: int | None = None
+    dp: int | None = None
+    layout: str = ""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    state: str
+    marks: tuple[str, ...]
+    gpus: tuple[GpuCell, ...]
+    partitions: tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return not self.marks
+
+    @property
+    def used(self) -> int:
+        return sum(1 for g in self.gpus if g.kind != "idle")
+
+    @property
+    def idle(self) -> int:
+        return len(self.gpus) - self.used
+
+    @property
+    def stranded(self) -> int:
+        """Idle GPUs a whole-node request cannot use because something else runs here."""
+        return self.idle if self.usable and self.used else 0
+
+    @property
+    def whole_free(self) -> bool:
+        return self.usable and self.used == 0 and bool(self.gpus)
+
+
+@dataclass(frozen=True)
+class ShrinkGain:
+    """What shrinking one elastic job to its MIN node count would hand back."""
+
+    job_id: int
+    name: str
+    held: tuple[str, ...]
+    min_nodes: int
+    released: tuple[str, ...]
+    gpus_freed: int
+    whole_nodes: tuple[str, ...]  # released nodes that would then be entirely free
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    source: str  # slurm | local
+    nodes: tuple[NodeView, ...]
+    fragmentation: Fragmentation
+    shrink: tuple[ShrinkGain, ...]
+    jobs: Mapping[str, str] = field(default_factory=dict)  # job key -> label for the legend
+
+    @property
+    def gpus_per_node(self) -> int:
+        return max((len(n.gpus) for n in self.nodes), default=0)
+
+
+# ---------------------------------------------------------------------------------- figures
+def fragmentation(nodes: Sequence[NodeView]) -> Fragmentation:
+    """Cluster-wide figures over usable nodes (see the module docstring for the definitions)."""
+    usable = [n for n in nodes if n.usable]
+    free = sum(n.idle for n in usable)
+    stranded = sum(n.stranded for n in usable)
+    run = best = 0
+    for n in nodes:
+        run = run + 1 if n.whole_free else 0
+        best = max(best, run)
+    return Fragmentation(gpus_total=sum(len(n.gpus) for n in nodes), gpus_free=free, stranded=stranded,
+                         free_nodes=sum(1 for n in usable if n.whole_free), largest_free_block=best,
+                         index=round(stranded / free, 4) if free else 0.0)
+
+
+def shrink_gains(nodes: Sequence[NodeView], jobs: Sequence[ElasticJob],
+                 companion_nodes: Mapping[int, set[str]] | None = None) -> list[ShrinkGain]:
+    """Per elastic job: the nodes a shrink to MIN keeps (the launcher's order: the pinned batch node,
+    then the job's own nodes before companion jobs' ones, then most ranks, then node order), and
+    what the others free: the job's GPUs there, and which of them end up wholly free."""
+    order = {n.name: i for i, n in enumerate(nodes)}
+    by_name = {n.name: n for n in nodes}
+    out = []
+    for job in jobs:
+        mine = {n.name: [g for g in n.gpus if g.elastic_id == job.id] for n in nodes}
+        held = [n for n in sorted(mine, key=lambda x: order[x]) if mine[n]]
+        ranks = {n: sum(1 for g in cells if g.kind == "elastic") for n, cells in mine.items()}
+        comp = (companion_nodes or {}).get(job.id, set())
+        keep = sorted(held, key=lambda n: (n != job.pinned_node, n in comp, -ranks[n], order[n]))[:max(job.min_nodes, 1)]
+        released = tuple(n for n in held if n not in keep)
+        whole = tuple(n for n in released if by_name[n].usable and by_name[n].used == len(mine[n]))
+        out.append(ShrinkGain(job.id, job.name, tuple(held), job.min_nodes, released,
+                              sum(len(mine[n]) for n in released), whole))
+    return out
+
+
+# ---------------------------------------------------------------------------------- builders
+def node_marks(state: str, flags: Iterable[str], reserved: bool) -> tuple[str, ...]:
+    """Why a node takes no new work: down, drained/draining, reserved, ... (empty: usable)."""
+    marks = []
+    base = state.lower().rstrip("*~#!%$@^-+")
+    if base in UNUSABLE_STATES:
+        marks.append(UNUSABLE_STATES[base])
+    for f in flags:
+        mark = UNUSABLE_FLAGS.get(f.upper())
+        if mark == "drained" and base in ("allocated", "mixed", "completing"):
+            mark = "draining"  # DRAIN on a busy node: it drains as its jobs end
+        if mark:
+            marks.append(mark)
+    if reserved:
+        marks.append("reserved")
+    return tuple(dict.fromkeys(marks))
+
+
+def _rank_cell(index: int, job_key: str, job: ElasticJob, e: RankEntry) -> GpuCell:
+    return GpuCell(index, "elastic", job_key, job.name, job.id, e.virtual_rank, e.pp, e.tp, e.dp, job.layout)
+
+
+def elastic_owner(slurm_id: str, slurm_name: str, jobs: Sequence[ElasticJob]) -> ElasticJob | None:
+    """The elastic job a Slurm job belongs to: its own allocation or one of its companion jobs."""
+    for job in jobs:
+        if job.slurm_job_id and job.slurm_job_id == slurm_id:
+            return job
+        if re.fullmatch(re.escape(job.name) + r"-companion-\d+", slurm_name or ""):
+            return job
+    return None
+
+
+def build_from_slurm(snapshot, jobs: Sequence[ElasticJob], partitions: Iterable[str] = ()) -> ClusterView:
+    """The view from a `dashboard.slurm_reader.SlurmSnapshot` plus the elastic jobs in our database."""
+    wanted = set(partitions)
+    reserved = snapshot.reserved_nodes
+    cells: dict[str, dict[int, GpuCell]] = {}
+    labels: dict[str, str] = {}
+    companions: dict[int, set[str]] = {}
+    for sj in snapshot.jobs:
+        owner = elastic_owner(sj.job_id, sj.name, jobs)
+        labels[sj.job_id] = f"{sj.job_id} {sj.name}" + (" (elastic)" if owner else "")
+        nodes = {**{n: idx for n, idx in sj.gpus.items()},
+                 **{n: tuple(range(c)) for n, c in sj.gpus_unknown.items() if n not in sj.gpus}}
+        if owner is not None and owner.slurm_job_id != sj.job_id:
+            companions.setdefault(owner.id, set()).update(nodes)
+        for node, idx in nodes.items():
+            ranks = {e.gpu: e for e in owner.entries if e.node == node} if owner else {}
+            for k, gpu in enumerate(idx):
+                if owner is None:
+                    cell = GpuCell(gpu, "job", sj.job_id, sj.name)
+                elif k in ranks:
+                    cell = _rank_cell(gpu, sj.job_id, owner, ranks[k])
+                else:
+                    cell = GpuCell(gpu, "held", sj.job_id, owner.name, owner.id, layout=owner.layout)
+                cells.setdefault(node, {})[gpu] = cell
+    views = []
+    for n in snapshot.nodes:
+        if wanted and not wanted & set(n.partitions):
+            continue
+        mine = cells.get(n.name, {})
+        width = max([n.gpus] + [g + 1 for g in mine])
+        gpus = tuple(mine.get(g, GpuCell(g, "idle")) for g in range(width))
+        views.append(NodeView(n.name, n.state, node_marks(n.state, n.flags, n.name in reserved), gpus,
+                              n.partitions, n.reason))
+    elastic_here = [j for j in jobs if any(g.elastic_id == j.id for v in views for g in v.gpus)]
+    return ClusterView("slurm", tuple(views), fragmentation(views), tuple(shrink_gains(views, elastic_here, companions)),
+                       labels)
+
+
+def build_local(jobs: Sequence[ElasticJob], failed_nodes: Iterable[str] = ()) -> ClusterView:
+    """The local backend's simulated nodes, from the database alone: every node a running job
+    holds or runs on, with that job's GPUs per node. A node a job holds without running a rank
+    there (its pinned batch node, a node not yet released) shows that job's GPUs as `held`; on a
+    node where it runs ranks, its other GPUs are idle (stranded)."""
+    failed = set(failed_nodes)
+    names: list[str] = []
+    width: dict[str, int] = {}
+    cells: dict[str, dict[int, GpuCell]] = {}
+    labels: dict[str, str] = {}
+    for job in jobs:
+        key = f"job-{job.id}"
+        labels[key] = f"{job.name} (elastic)"
+        ranks = {(e.node, e.gpu): e for e in job.entries}
+        nodes = list(dict.fromkeys([*job.held_nodes, *(e.node for e in job.entries)]))
+        for node in nodes:
+            if node not in width:
+                names.append(node)
+            width[node] = max(width.get(node, 0), job.gpus_per_node, *(g + 1 for n, g in ranks if n == node))
+            here = cells.setdefault(node, {})
+            for gpu in range(job.gpus_per_node):
+                e = ranks.get((node, gpu))
+                if e is not None:
+                    here[gpu] = _rank_cell(gpu, key, job, e)
+                elif gpu not in here and node in job.held_nodes and not any(n == node for n, _ in ranks):
+                    here[gpu] = GpuCell(gpu, "held", key, job.name, job.id, layout=job.layout)
+    views = [NodeView(n, "down" if n in failed else "up", ("down",) if n in failed else (),
+                      tuple(cells[n].get(g, GpuCell(g, "idle")) for g in range(width[n])))
+             for n in _natural(names)]
+    return ClusterView("local", tuple(views), fragmentation(views), tuple(shrink_gains(views, jobs)), labels)
+
+
+def _natural(names: Sequence[str]) -> list[str]:
+    """node2 before node10."""
+    return sorted(names, key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)])

@@ -1,0 +1,63 @@
+"""/cluster: every node of the partition(s) as GPUs, each with its job, cluster-wide fragmentation
+and its history. Views are a few lines; the data comes from dashboard.cluster_data, the figures
+from dashboard.cluster, the chart geometry from dashboard.linechart."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from flask import Blueprint, Flask, current_app, render_template
+
+from dashboard.cluster import ClusterView
+from dashboard.cluster_data import ClusterSource
+from dashboard.deps import is_htmx, store
+from dashboard.linechart import LineChart, line_chart
+from dashboard.slurm_reader import SlurmReadError
+
+bp = Blueprint("cluster", __name__)
+JOB_COLOURS = 8  # CSS classes jc0..jc7 (no inline styles: they would not survive a strict CSP)
+
+
+def source() -> ClusterSource:
+    return current_app.extensions["elastic_cluster"]
+
+
+def _clock(x: float) -> str:
+    return datetime.fromtimestamp(x, timezone.utc).strftime("%H:%M:%S")
+
+
+def history_chart() -> LineChart:
+    """The fragmentation index over the stored samples (0: every free GPU on a whole free node)."""
+    samples = store().cluster_samples(limit=500)
+    pts = [(s.at.timestamp(), s.figures.index) for s in samples]
+    stranded = [(s.at.timestamp(), s.figures.stranded / s.figures.gpus_total if s.figures.gpus_total else 0.0)
+                for s in samples]
+    return line_chart([("fragmentation index", "#b91c1c", pts), ("stranded / all GPUs", "#1d4ed8", stranded)],
+                      y_min=0.0, y_max=1.0, x_text=_clock, y_text=lambda y: f"{y:.2f}")
+
+
+def job_classes(view: ClusterView) -> dict[str, str]:
+    """A colour class per job key, stable in the order jobs appear on the nodes."""
+    keys = list(dict.fromkeys(g.job for n in view.nodes for g in n.gpus if g.job))
+    return {k: f"jc{i % JOB_COLOURS}" for i, k in enumerate(keys)}
+
+
+def cluster_context() -> dict[str, Any]:
+    view, warning = source().view()
+    return {"view": view, "warning": warning, "f": view.fragmentation, "history": history_chart(),
+            "job_class": job_classes(view)}
+
+
+@bp.get("/cluster")
+def cluster() -> Any:
+    try:
+        ctx = cluster_context()
+    except SlurmReadError as exc:  # CLUSTER_SOURCE=slurm and Slurm does not answer
+        return render_template("_error.html" if is_htmx() else "error.html", code=503, name="Slurm unavailable",
+                               description=f"cannot read the cluster from Slurm: {exc}"), 503
+    return render_template("_cluster_panels.html" if is_htmx() else "cluster.html", **ctx)
+
+
+def init_app(app: Flask) -> None:
+    app.extensions["elastic_cluster"] = ClusterSource(app.config, app.extensions["elastic_store"])
+    app.register_blueprint(bp)
