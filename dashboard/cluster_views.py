@@ -6,12 +6,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from flask import Blueprint, Flask, current_app, render_template
+from flask import Blueprint, Flask, abort, current_app, g, render_template, request
 
 from dashboard.cluster import ClusterView
-from dashboard.cluster_data import ClusterSource
+from dashboard.auth import admin_required
+from dashboard.cluster_data import ClusterSource, elastic_jobs
 from dashboard.deps import is_htmx, store
 from dashboard.linechart import LineChart, line_chart
+from dashboard.preempt_preview import preview
 from dashboard.slurm_reader import SlurmReadError
 
 bp = Blueprint("cluster", __name__)
@@ -56,6 +58,22 @@ def cluster() -> Any:
         return render_template("_error.html" if is_htmx() else "error.html", code=503, name="Slurm unavailable",
                                description=f"cannot read the cluster from Slurm: {exc}"), 503
     return render_template("_cluster_panels.html" if is_htmx() else "cluster.html", **ctx)
+
+
+@bp.post("/cluster/preempt/preview")
+@admin_required
+def preempt_preview() -> Any:
+    """Dry run: which elastic jobs would leave the picked nodes, and the plans' bytes. Confirming is
+    the job page's own preempt (POST /jobs/<id>/preempt), so validation and audit are the same."""
+    view, _warning = source().view()
+    jobs = elastic_jobs(store())
+    picked = request.form.getlist("node")
+    try:
+        result = preview(view, jobs, {j.id: store().launch_spec(j.id) for j in jobs}, picked)
+    except ValueError as exc:
+        store().audit(g.user.name, "preempt-preview", "cluster", f"rejected: {exc}")
+        abort(400, description=str(exc))
+    return render_template("_preempt_preview.html", p=result)
 
 
 def init_app(app: Flask) -> None:

@@ -1,0 +1,91 @@
+"""Dry run of a preempt picked on the cluster view: which elastic jobs would migrate off the picked
+nodes, to which layout, and how many bytes the planner would move. Pure: it calls the planner
+(migrate.plan, no processes) on what the launcher recorded (the job's launch spec: model, node
+range, layout per size), never the launcher itself, and changes nothing."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from dashboard.cluster import ClusterView, ElasticJob
+
+
+@dataclass(frozen=True)
+class JobPreview:
+    job_id: int
+    name: str
+    leaving: tuple[str, ...]  # picked nodes the job holds
+    keep: tuple[str, ...]
+    from_layout: str
+    to_layout: str = ""
+    bytes_moved: int | None = None
+    bytes_checkpoint: int | None = None
+    nodes_released: tuple[str, ...] = ()
+    refused: str = ""  # why the launcher would refuse (pinned node, below MIN, no layout), "" if it can go
+
+
+@dataclass(frozen=True)
+class Preview:
+    nodes: tuple[str, ...]
+    jobs: tuple[JobPreview, ...]
+    others: tuple[tuple[str, str, str], ...]  # (node, Slurm job, name) of non-elastic jobs that stay
+
+
+def job_nodes(job: ElasticJob) -> list[str]:
+    """The nodes the job runs ranks on, in rank order (what the job page's preempt accepts)."""
+    return list(dict.fromkeys(e.node for e in job.entries))
+
+
+def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str]) -> JobPreview:
+    """What preempting `picked` would do to one job (the launcher's rules: never the pinned batch
+    node, never below MIN, the layout its policy picks for the devices left)."""
+    from migrate.layout import LayoutError, ModelSpec, ParallelConfig
+    from migrate.plan import plan
+    from migrate.topology import Device, RankMap, Topology
+
+    held = job_nodes(job)
+    leaving = tuple(n for n in held if n in picked)
+    keep = tuple(n for n in held if n not in picked)
+    base = JobPreview(job.id, job.name, leaving, keep, job.layout)
+
+    def refuse(why: str) -> JobPreview:
+        return JobPreview(**{**base.__dict__, "refused": why})
+
+    if job.pinned_node in leaving:
+        return refuse(f"{job.pinned_node} runs the job's batch step and cannot be given back")
+    if len(keep) < job.min_nodes:
+        return refuse(f"would leave {len(keep)} node(s), below the job's MIN of {job.min_nodes}")
+    if not spec or not spec.get("model"):
+        return refuse("no launch spec recorded for this job (launched by an older launcher): no dry run")
+    devices = len(keep) * job.gpus_per_node
+    target = (spec.get("layouts") or {}).get(str(devices))
+    if not target:
+        return refuse(f"the job's policy has no layout for {devices} devices")
+    topo = Topology(tuple(Device(i, n, g) for i, (n, g) in
+                          enumerate((n, g) for n in held for g in range(job.gpus_per_node))), frozenset(keep))
+    index = {(d.node, d.gpu): d.id for d in topo.devices}
+    try:
+        prev = RankMap(ParallelConfig.parse(job.layout),
+                       tuple(index[(e.node, e.gpu)] for e in sorted(job.entries, key=lambda e: e.virtual_rank)))
+        p = plan(ModelSpec(**spec["model"]), prev, ParallelConfig.parse(target), topo)
+    except (LayoutError, KeyError) as exc:
+        return refuse(f"the planner cannot plan it: {exc}")
+    return JobPreview(job.id, job.name, leaving, keep, job.layout, str(p.curr.layout), p.bytes_moved,
+                      p.bytes_checkpoint, p.nodes_released)
+
+
+def preview(view: ClusterView, jobs: Sequence[ElasticJob], specs: Mapping[int, Mapping[str, Any] | None],
+            picked: Sequence[str]) -> Preview:
+    """The dry run over every elastic job holding a picked node; non-elastic jobs are listed as staying.
+    ValueError for a node the cluster does not have."""
+    names = {n.name for n in view.nodes}
+    unknown = [n for n in picked if n not in names]
+    if unknown:
+        raise ValueError(f"no node {', '.join(unknown)} in the cluster")
+    if not picked:
+        raise ValueError("pick at least one node")
+    chosen = set(picked)
+    previews = tuple(preview_job(j, specs.get(j.id), chosen) for j in jobs if chosen & set(job_nodes(j)))
+    others = tuple(dict.fromkeys((n.name, g.job, g.job_name) for n in view.nodes if n.name in chosen
+                                 for g in n.gpus if g.kind == "job"))
+    return Preview(tuple(n for n in (x.name for x in view.nodes) if n in chosen), previews, others)
