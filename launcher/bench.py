@@ -130,7 +130,7 @@ def _resize(la, nodes: int):
 def _launcher(cfg: BenchConfig, nodes: int, workdir: Path, job: str, resume: bool, progress: Progress):
     from db import Store
     from launcher.launch import Launcher, Options
-    from launcher.local import LocalNodes
+    from launcher.backends.local import LocalNodes
     from migrate.layout import ParallelConfig
 
     model = cfg.model()

@@ -16,7 +16,7 @@ release leaves the job on its old layout, with the failure recorded.
 
 Growing beyond the nodes the job holds (it was submitted on fewer, or gave some back, and Slurm
 never returns released nodes; 22.05 cannot `--dependency=expand` a job with GRES) submits a
-companion job (launcher.slurm.build_companion_command: same partition, whole nodes with the same
+companion job (launcher.backends.slurm, through NodeBackend.acquire: same partition, whole nodes with the same
 GPUs and tasks per node, named <job>-companion-<n>). Once it runs (within --companion-timeout),
 its workers are started as steps of the companion job with the same environment, join this
 control plane, and the grow is a normal migration. A shrink that empties it cancels it; one that
@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,7 +45,7 @@ from pathlib import Path
 
 from launcher import control as C
 from launcher.errors import UsageError
-from launcher.local import LocalNodes, NodeHandle, SlurmNodes, shell_line
+from launcher.backends import AcquireFailed, CannotAcquire, NodeHandle, Reporter, make_backend, shell_line
 
 SIGNAL_ACTIONS = ("shrink", "suspend", "ignore")
 
@@ -221,11 +220,6 @@ class MigrationFailed(RuntimeError):
     pass
 
 
-# Slurm states of a job that will never run (again)
-ENDED_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-                "PREEMPTED", "TIMEOUT")
-
-
 def grow_choice(active: Sequence[str], alloc: Sequence[str], gone: set[str] | frozenset[str],
                 want: int) -> tuple[list[str], int]:
     """How to reach `want` nodes: (idle nodes of the allocation to start workers on, how many more
@@ -269,6 +263,8 @@ class Launcher:
         self.index = {n: i for i, n in enumerate(self.alloc)}
         self.slurm_job_id = slurm_job_id
         self.log = log or (lambda m: print(f"[elastic-launch] {m}", file=sys.stderr, flush=True))
+        self.reporter = Reporter(self.log, lambda action, text: self.db.audit("elastic-launch", action,
+                                                                              f"job:{self.job_id}", text))
         self.ctl: C.Control | None = None
         self.handles: dict[str, NodeHandle] = {}
         self.epoch = -1  # last posted event
@@ -527,14 +523,12 @@ class Launcher:
         for n in leaving:
             self._reap(n)
         error = None
-        ended = []
+        notes = []
         if leaving:
             gone = self.gone
             keep = [n for n in self.alloc if n not in leaving and n not in gone]
-            companions = set(getattr(self.backend, "companion_jobs", list)())
             try:
-                self.backend.release(keep)
-                ended = sorted(companions - set(getattr(self.backend, "companion_jobs", list)()))
+                notes = self.backend.release(keep)
                 for n in leaving:
                     self.db.set_node_state(self.job_id, n, "released")
             except Exception as exc:  # SlurmError: the job keeps running, the nodes stay allocated
@@ -547,10 +541,9 @@ class Launcher:
         out.ok = error is None
         out.nodes_after = len(self.active)
         out.message = error or f"{out.from_layout} -> {out.to_layout}, {len(before)} -> {out.nodes_after} nodes"
-        if ended:
-            out.message += "; companion job " + ", ".join(map(str, ended)) + " cancelled"
-            self.db.audit("elastic-launch", "companion", f"job:{self.job_id}",
-                          f"companion job {', '.join(map(str, ended))} cancelled: its nodes were given back")
+        for note in notes:
+            out.message += "; " + note
+            self.db.audit("elastic-launch", "release", f"job:{self.job_id}", f"{note}: its nodes were given back")
         self.log(out.message + f" (at step {out.at_step}, phases " +
                  ", ".join(f"{k} {v:.3f}s" for k, v in phases.items()) + ")")
         self.outcomes.append(out)
@@ -609,14 +602,8 @@ class Launcher:
 
     def _reap(self, node: str, timeout: float = 60.0) -> None:
         h = self.handles.pop(node, None)
-        if h is None:
-            return
-        deadline = time.monotonic() + timeout
-        while not h.all_exited() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not h.all_exited():
-            self.log(f"workers on {node} did not exit within {timeout:.0f} s; killing them")
-            h.kill()
+        if h is not None and not self.backend.stop(h, timeout):
+            self.log(f"workers on {node} did not exit within {timeout:.0f} s; killed them")
 
     # -- triggers -----------------------------------------------------------------------------
     def shrink_to(self, n: int, trigger: str) -> Outcome:
@@ -625,19 +612,13 @@ class Launcher:
         return self.migrate_to(keep, trigger)
 
     def _keep_order(self) -> list[str]:
-        """Active nodes, the pinned batch node first, then the job's own nodes before those of companion
-        jobs (a companion's batch host before its other nodes: it can only be cancelled, not shrunk
-        away), then those running most ranks."""
+        """Active nodes, the pinned batch node first, then in the backend's order (NodeBackend.keep_rank:
+        e.g. a job's own nodes before a companion job's), then those running most ranks."""
         used: dict[str, int] = {}
         for d in self.current.devices:
             node = self.topology.devices[d].node
             used[node] = used.get(node, 0) + 1
-        node_job = getattr(self.backend, "node_job", {})
-
-        def companion_rank(n: str) -> int:
-            return 0 if n not in node_job else 1 if self.backend.is_companion_batch(n) else 2
-
-        return sorted(self.active, key=lambda n: (n != self.backend.batch_node, companion_rank(n),
+        return sorted(self.active, key=lambda n: (n != self.backend.batch_node, self.backend.keep_rank(n),
                                                   -used.get(n, 0), self.index[n]))
 
     def grow_to(self, n: int, trigger: str) -> Outcome:
@@ -645,80 +626,50 @@ class Launcher:
         take, missing = grow_choice(self.active, self.alloc, self.gone, n)
         if not missing:
             return self.migrate_to(self.active + take, trigger)
-        if not hasattr(self.backend, "submit_companion"):
-            out = Outcome(trigger, False, f"only {len(take)} idle node(s) left in the allocation; the "
-                                          f"{self.backend.name} backend cannot grow beyond it",
-                          from_layout=str(self.current.layout))
-            self.outcomes.append(out)
-            return out
-        got = self._companion(missing, n, trigger)
+        got = self._acquire(missing, n, trigger, len(take))
         if isinstance(got, Outcome):
             return got
-        cid, extra, remaining = got
-        out = self.migrate_to(self.active + take + extra, trigger, ready_timeout=remaining,
-                              note=f" (companion job {cid})")
+        extra = list(got.nodes)
+        out = self.migrate_to(self.active + take + extra, trigger,
+                              ready_timeout=max(got.deadline - time.monotonic(), 30.0), note=f" ({got.label})")
         on_it = {self.topology.devices[d].node for d in self.current.devices} & set(extra)
-        if not out.ok and not on_it:  # the grow did not happen: give the companion's nodes back
+        if not out.ok and not on_it:  # the grow did not happen: give the acquired nodes back
             for x in extra:
                 h = self.handles.pop(x, None)
                 if h is not None:
                     h.kill()
-            self._drop_companion(cid, extra, f"the grow failed: {out.message}")
-            out.message = f"{out.message} (companion job {cid} cancelled)"
+            self.backend.abandon(got, f"the grow failed: {out.message}", self.reporter)
+            for x in extra:
+                self.db.set_node_state(self.job_id, x, "released")
+            out.message = f"{out.message} ({got.label} cancelled)"
         return out
 
-    def _companion(self, count: int, want: int, trigger: str):
-        """Submit a companion job for `count` more nodes and wait (--companion-timeout) until it runs.
-        Returns (its Slurm id, its nodes, seconds left for its workers to register), or the failed
-        Outcome (recorded as a failed migration) when it could not be submitted or did not start."""
-        from launcher.slurm import SlurmError
+    def _acquire(self, count: int, want: int, trigger: str, idle: int):
+        """Ask the backend for `count` more nodes (NodeBackend.acquire) and add them to the topology.
+        Returns the Acquired nodes, or the failed Outcome (recorded as a failed migration when the
+        backend tried and failed)."""
         from migrate.layout import LayoutError
         from migrate.topology import Device, Topology
 
-        limit = self.opts.companion_timeout
-        out = Outcome(trigger, False, "", from_layout=str(self.current.layout), nodes_before=len(self.active),
-                      nodes_after=len(self.active))
+        exclude = [x for x in self.alloc if x not in self.gone]  # nodes held now: new ones must be others
         try:
-            to_layout = str(self.choose(want * self.gpn))
-        except LayoutError:
-            to_layout = "?"
-        exclude = [x for x in self.alloc if x not in self.gone]  # nodes held now: the companion must not pack onto them
-
-        def fail(msg: str) -> Outcome:
-            out.message = msg
-            self._record_failed(out, trigger, to_layout, {"companion_nodes": count}, msg)
+            got = self.backend.acquire(count, job_name=self.opts.job_name, exclude=exclude,
+                                       timeout=self.opts.companion_timeout, report=self.reporter)
+        except CannotAcquire as exc:
+            out = Outcome(trigger, False, f"only {idle} idle node(s) left in the allocation; {exc}",
+                          from_layout=str(self.current.layout))
+            self.outcomes.append(out)
             return out
-
-        try:
-            cid = self.backend.submit_companion(self.opts.job_name, count, exclude)
-        except SlurmError as exc:  # sbatch refused it
-            return fail(f"companion job for {count} more node(s) could not be submitted: {exc}")
-        self.log(f"companion job {cid}: asking Slurm for {count} more node(s), waiting up to {limit:.0f} s")
-        self.db.audit("elastic-launch", "companion", f"job:{self.job_id}",
-                      f"companion job {cid} submitted for {count} more node(s)")
-        deadline = time.monotonic() + limit
-        info = None
-        while True:
+        except AcquireFailed as exc:
             try:
-                info = self.backend.companion_info(cid)
-            except (SlurmError, ValueError) as exc:  # slurmctld busy or away for a moment: ask again
-                self.log(f"companion job {cid}: {exc}")
-            if info is not None:
-                state = info.state.upper()
-                if state == "RUNNING" and len(info.nodes) >= count:
-                    break
-                if state in ENDED_STATES:
-                    self._drop_companion(cid, [], f"it ended ({info.state}) before it started")
-                    return fail(f"companion job {cid} ended ({info.state}) before it started")
-            if time.monotonic() >= deadline:
-                why = f" (Slurm: {info.state}, reason {info.reason or 'none'})" if info is not None else ""
-                msg = f"companion job {cid} did not start within {limit:.0f} s{why}"
-                self._drop_companion(cid, [], "it did not start in time")
-                return fail(msg + "; cancelled, the job keeps training on what it has")
-            time.sleep(min(0.5, max(limit / 10, 0.05)))
-        nodes = list(info.nodes)
-        self.backend.adopt_companion(cid, nodes, info.batch_host)
-        new = [x for x in nodes if x not in self.index]
+                to_layout = str(self.choose(want * self.gpn))
+            except LayoutError:
+                to_layout = "?"
+            out = Outcome(trigger, False, str(exc), from_layout=str(self.current.layout),
+                          nodes_before=len(self.active), nodes_after=len(self.active))
+            self._record_failed(out, trigger, to_layout, {"nodes_requested": count}, out.message)
+            return out
+        new = [x for x in got.nodes if x not in self.index]
         if new:
             base = len(self.topology.devices)
             devices = tuple(Device(base + i * self.gpn + g, x, g) for i, x in enumerate(new) for g in range(self.gpn))
@@ -726,24 +677,9 @@ class Launcher:
             for x in new:
                 self.index[x] = len(self.alloc)
                 self.alloc.append(x)
-        for x in nodes:
+        for x in got.nodes:
             self.db.set_node_state(self.job_id, x, "idle")  # held again (a released name may come back)
-        self.log(f"companion job {cid} runs on {','.join(nodes)}")
-        self.db.audit("elastic-launch", "companion", f"job:{self.job_id}",
-                      f"companion job {cid} started on {','.join(nodes)}")
-        return cid, nodes, max(deadline - time.monotonic(), 30.0)
-
-    def _drop_companion(self, cid: int, nodes: Sequence[str], why: str) -> None:
-        from launcher.slurm import SlurmError
-
-        try:
-            self.backend.cancel_companion(cid)
-        except SlurmError as exc:  # already gone, or slurmctld away: the companion's script ends with the job
-            self.log(f"cancelling companion job {cid} failed: {exc}")
-        for x in nodes:
-            self.db.set_node_state(self.job_id, x, "released")
-        self.log(f"companion job {cid} cancelled: {why}")
-        self.db.audit("elastic-launch", "companion", f"job:{self.job_id}", f"companion job {cid} cancelled: {why}")
+        return got
 
     def preempt(self, nodes: list[str], trigger: str) -> Outcome:
         if self.backend.batch_node in nodes:
@@ -759,8 +695,9 @@ class Launcher:
         """Nodes given back (Slurm never returns them to this allocation)."""
         if self.db is None or self.job_id is None:
             return set()
-        return {n.name for n in self.db.list_nodes(self.job_id) if n.state in ("released", "failed")} \
-            if self.backend.name == "slurm" else set()
+        if self.backend.released_nodes_return:
+            return set()
+        return {n.name for n in self.db.list_nodes(self.job_id) if n.state in ("released", "failed")}
 
     def handle_request(self, req) -> None:
         trigger = "preempt" if req.action == "preempt" else "resize"
@@ -985,11 +922,7 @@ class Launcher:
             signal.signal(signal.SIGTERM, old_term)
             for h in self.handles.values():
                 h.kill()
-            for cid in getattr(self.backend, "companion_jobs", list)():
-                try:
-                    self.backend.cancel_companion(cid)
-                except Exception as exc:  # noqa: BLE001 -- leaving anyway; the companion's script ends with the job
-                    self.log(f"cancelling companion job {cid} failed: {exc}")
+            self.backend.close(self.reporter)
 
     def _on_usr1(self, _sig, _frame) -> None:
         self.log("SIGUSR1 received")
@@ -1005,34 +938,6 @@ def default_checkpoint_dir(db_url: str | None, job_name: str) -> Path:
     if db_url and db_url.startswith("sqlite:///") and len(db_url) > len("sqlite:///"):
         return Path(db_url[len("sqlite:///"):]).parent / "checkpoints" / job_name
     return Path("var") / "checkpoints" / job_name
-
-
-def make_backend(args: argparse.Namespace, opts: Options):
-    kind = args.backend
-    job_id = args.job_id or (int(os.environ["SLURM_JOB_ID"]) if os.environ.get("SLURM_JOB_ID", "").isdigit() else None)
-    if kind == "auto":
-        kind = "slurm" if job_id else "local"
-    if kind == "local":
-        n = args.local_nodes or opts.max_nodes
-        if n < opts.min_nodes:
-            raise UsageError(f"--local-nodes {n} is below the --nnodes minimum {opts.min_nodes}")
-        return LocalNodes(n, opts.gpus_per_node, log_dir=args.log_dir), None
-    if job_id is None:
-        raise UsageError("--backend slurm needs a job: run inside an sbatch script or give --job-id")
-    from launcher.slurm import SlurmError, select_backend
-
-    slurm = select_backend()
-    try:
-        info = slurm.job_info(job_id)
-    except SlurmError as exc:
-        raise UsageError(f"unknown Slurm job {job_id}: {exc}") from None
-    if info.state.upper() != "RUNNING":
-        raise UsageError(f"Slurm job {job_id} is {info.state}, not running")
-    if len(info.nodes) < opts.min_nodes:
-        raise UsageError(f"Slurm job {job_id} holds {len(info.nodes)} node(s), fewer than --nnodes minimum {opts.min_nodes}")
-    if args.master_addr is None:
-        opts.master_addr = socket.gethostbyname(socket.gethostname()) if info.batch_host else "127.0.0.1"
-    return SlurmNodes(slurm, job_id, opts.gpus_per_node, info=info, log_dir=args.log_dir), str(job_id)
 
 
 def dry_run(opts: Options, backend, out=None) -> None:
@@ -1058,7 +963,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         opts = options_from_args(args)
-        backend, slurm_job_id = make_backend(args, opts)
+        backend, slurm_job_id = make_backend(args.backend, job_id=args.job_id, gpus_per_node=opts.gpus_per_node,
+                                             min_nodes=opts.min_nodes, max_nodes=opts.max_nodes,
+                                             local_nodes=args.local_nodes, log_dir=args.log_dir)
+        if args.master_addr is None:
+            opts.master_addr = backend.default_master_addr()
         if args.dry_run:
             dry_run(opts, backend)
             return 0

@@ -82,7 +82,7 @@ def _serve_dashboard(db_url: str, port: int, say) -> None:
 def run(args: argparse.Namespace) -> int:
     from launcher.commands.history import open_store
     from launcher.launch import Options, Launcher, parse_layouts
-    from launcher.local import LocalNodes
+    from launcher.backends.local import LocalNodes
     from launcher.policy import NoLayoutError, check_node_range
     from migrate.layout import LayoutError, ModelSpec
 

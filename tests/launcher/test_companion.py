@@ -23,8 +23,8 @@ from launcher.launch import (
     grow_choice,
     options_from_args,
 )
-from launcher.local import SlurmNodes
-from launcher.slurm import (
+from launcher.backends.slurm import SlurmNodes
+from launcher.backends.slurm_client import (
     JobInfo,
     SlurmCommands,
     build_companion_args,

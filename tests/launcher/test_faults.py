@@ -10,7 +10,7 @@ import pytest
 
 from db import Store
 from launcher.launch import Launcher, Options
-from launcher.local import LocalNodes
+from launcher.backends.local import LocalNodes
 from migrate.layout import ModelSpec, ParallelConfig
 
 MODEL = dict(layers=4, hidden=128, vocab=512, seq_len=32)

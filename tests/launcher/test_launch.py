@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import launcher.slurm as slurm_mod
+import launcher.backends.slurm_client as slurm_mod
 from launcher.launch import main, parse_nnodes
 from launcher.errors import UsageError
-from launcher.slurm import SlurmCommands
+from launcher.backends.slurm_client import SlurmCommands
 
 GOLDEN = Path(__file__).parent / "golden"
 WORKER = ["--", "python", "-m", "launcher.worker", "--layers", "4", "--hidden", "128"]
@@ -123,8 +123,8 @@ def test_dry_run_local_golden(capsys, tmp_path, monkeypatch):
 def test_shrink_and_release_choices_keep_the_batch_node():
     """Pure part of a shrink: which nodes stay (batch node first, then the busiest) and the scontrol line."""
     from launcher.launch import Launcher, Options
-    from launcher.local import SlurmNodes
-    from launcher.slurm import JobInfo
+    from launcher.backends.slurm import SlurmNodes
+    from launcher.backends.slurm_client import JobInfo
     from migrate.layout import ModelSpec, ParallelConfig
     from migrate.topology import RankMap
 

@@ -7,7 +7,7 @@ import pytest
 from db import Store
 from launcher.cli import main as elastic
 from launcher.launch import Launcher, Options
-from launcher.local import LocalNodes
+from launcher.backends.local import LocalNodes
 from migrate.layout import ParallelConfig
 
 WORKER = ["python", "-m", "launcher.worker", "--layers", "4", "--hidden", "128", "--vocab", "512", "--log-every", "0"]

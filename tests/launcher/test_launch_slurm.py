@@ -12,7 +12,7 @@ import pytest
 
 from db import Store
 from launcher.cli import main as elastic
-from launcher.slurm import SlurmCommands
+from launcher.backends.slurm_client import SlurmCommands
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Unit tests for launcher.slurm: no Slurm needed.
+"""Unit tests for launcher.backends.slurm_client (and the pyslurm client against a stand-in): no Slurm needed.
 
 Command builders are compared with golden files (one argv item per line, so a
 diff shows exactly which flag changed); parsers run on outputs captured from
@@ -16,9 +16,9 @@ from typing import Callable
 
 import pytest
 
-from launcher.slurm import (
+from launcher.backends.pyslurm import PyslurmBackend
+from launcher.backends.slurm_client import (
     JobInfo,
-    PyslurmBackend,
     SlurmBackend,
     SlurmCommands,
     SlurmError,

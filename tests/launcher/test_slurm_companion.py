@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as elastic
-from launcher.slurm import SlurmCommands
+from launcher.backends.slurm_client import SlurmCommands
 from tests.launcher.test_launch_slurm import ROOT, _gone, _open, wait
 
 pytestmark = pytest.mark.slurm

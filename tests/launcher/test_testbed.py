@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from launcher.cli import main as cli_main
-from launcher.slurm import JobInfo, SlurmCommands, SlurmError
+from launcher.backends.slurm_client import JobInfo, SlurmCommands, SlurmError
 from launcher.testbed import Testbed
 
 pytestmark = pytest.mark.slurm

@@ -1,0 +1,56 @@
+"""Node backends: where the workers run (`local` processes or `slurm` steps), behind one `NodeBackend`.
+
+`make_backend` picks and checks one from the command line's choice; the launcher then only uses
+the NodeBackend methods (launcher.backends.base).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from launcher.backends.base import (
+    Acquired,
+    AcquireFailed,
+    CannotAcquire,
+    NodeBackend,
+    NodeHandle,
+    Reporter,
+    resolve_python,
+    shell_line,
+)
+from launcher.errors import UsageError
+
+__all__ = ["Acquired", "AcquireFailed", "CannotAcquire", "NodeBackend", "NodeHandle", "Reporter", "make_backend",
+           "resolve_python", "shell_line"]
+
+
+def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes: int, max_nodes: int,
+                 local_nodes: int | None = None, log_dir: Path | None = None) -> tuple[NodeBackend, str | None]:
+    """(backend, Slurm job id or None) for `--backend kind` ("auto": slurm inside a Slurm job, else local).
+    Bad choices are UsageErrors, raised before anything starts."""
+    if job_id is None and os.environ.get("SLURM_JOB_ID", "").isdigit():
+        job_id = int(os.environ["SLURM_JOB_ID"])
+    if kind == "auto":
+        kind = "slurm" if job_id else "local"
+    if kind == "local":
+        from launcher.backends.local import LocalNodes
+
+        n = local_nodes or max_nodes
+        if n < min_nodes:
+            raise UsageError(f"--local-nodes {n} is below the --nnodes minimum {min_nodes}")
+        return LocalNodes(n, gpus_per_node, log_dir=log_dir), None
+    if job_id is None:
+        raise UsageError("--backend slurm needs a job: run inside an sbatch script or give --job-id")
+    from launcher.backends import slurm_client
+    from launcher.backends.slurm import SlurmNodes
+
+    client = slurm_client.select_backend()
+    try:
+        info = client.job_info(job_id)
+    except slurm_client.SlurmError as exc:
+        raise UsageError(f"unknown Slurm job {job_id}: {exc}") from None
+    if info.state.upper() != "RUNNING":
+        raise UsageError(f"Slurm job {job_id} is {info.state}, not running")
+    if len(info.nodes) < min_nodes:
+        raise UsageError(f"Slurm job {job_id} holds {len(info.nodes)} node(s), fewer than --nnodes minimum {min_nodes}")
+    return SlurmNodes(client, job_id, gpus_per_node, info=info, log_dir=log_dir), str(job_id)

@@ -1,0 +1,175 @@
+"""The interface every node backend implements (`NodeBackend`), and the handle of a node's workers.
+
+The launcher holds one backend and never asks which one: what differs between running workers
+as local processes and as Slurm steps (how they start, how a node is given back, whether more
+nodes can be had, which node must never go) is behind these methods. Each backend builds its
+commands with pure functions first (`commands_for_start`, `commands_for_release`): that is
+what `elastic-launch --dry-run` prints, and what `start`/`release` run.
+"""
+from __future__ import annotations
+
+import shlex
+import signal as signal_module
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+class CannotAcquire(Exception):
+    """The backend has no way to get nodes beyond those it holds (the message says why)."""
+
+
+class AcquireFailed(Exception):
+    """Asking for more nodes was tried and failed; recorded as a failed migration."""
+
+
+@dataclass(frozen=True)
+class Reporter:
+    """Where a backend says what it did: `log` for the launcher's log, `audit(action, text)` for
+    the database's audit log (the backend does not know the database)."""
+
+    log: Callable[[str], None]
+    audit: Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """Nodes a backend got beyond its allocation, ready to start workers on.
+
+    `label` names them for messages ("companion job 17"); `token` is the backend's own handle
+    (given back to `abandon`); `deadline` (time.monotonic) bounds how long their workers may take
+    to register."""
+
+    nodes: tuple[str, ...]
+    label: str
+    token: object
+    deadline: float
+
+
+def resolve_python(argv: Sequence[str]) -> list[str]:
+    """`python ...` runs with this interpreter, so workers see the launcher's environment (venv)."""
+    argv = list(argv)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def shell_line(cmd: Sequence[str]) -> str:
+    """One argv as a line a shell runs unchanged."""
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+class NodeHandle:
+    """The workers of one node: per-device processes (local) or one srun step (Slurm)."""
+
+    def __init__(self, node: str, devices: list[int], procs: dict[int, subprocess.Popen] | None = None,
+                 step: subprocess.Popen | None = None) -> None:
+        self.node, self.devices, self.procs, self.step = node, devices, procs or {}, step
+
+    def _all(self) -> list[subprocess.Popen]:
+        return ([self.step] if self.step else []) + list(self.procs.values())
+
+    def exited(self) -> dict[int, int]:
+        """device -> exit code, for the devices whose worker has ended."""
+        if self.step is not None:
+            rc = self.step.poll()
+            return {} if rc is None else {d: rc for d in self.devices}
+        return {d: p.returncode for d, p in self.procs.items() if p.poll() is not None}
+
+    def all_exited(self) -> bool:
+        return len(self.exited()) == len(self.devices)
+
+    def signal(self, sig: int = signal_module.SIGTERM) -> None:
+        """Send `sig` to the node's workers (srun forwards it to every task of its step)."""
+        for p in self._all():
+            if p.poll() is None:
+                p.send_signal(sig)
+
+    def kill(self) -> None:
+        for p in self._all():
+            if p.poll() is None:
+                p.kill()
+        for p in self._all():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for every worker to end; True when they all did."""
+        deadline = time.monotonic() + timeout
+        while not self.all_exited() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.all_exited()
+
+    def kill_device(self, device: int) -> None:
+        """Fault injection for tests and demos (local backend only)."""
+        self.procs[device].kill()
+
+
+@runtime_checkable
+class NodeBackend(Protocol):
+    """Where the launcher starts a node's workers, and how it gets and gives back nodes."""
+
+    gpus_per_node: int
+    # True when a released node may be started again (local); Slurm never returns released nodes
+    released_nodes_return: bool
+
+    @property
+    def batch_node(self) -> str:
+        """The node that runs the launcher: pinned, never given back."""
+
+    def allocation(self) -> list[str]:
+        """The nodes held now, the batch node first."""
+
+    def describe(self) -> str:
+        """One line for logs and the dry run."""
+
+    def default_master_addr(self) -> str:
+        """The address workers reach the control plane on, unless --master-addr says otherwise."""
+
+    def commands_for_start(self, node: str, index: int, base: Mapping[str, str],
+                           argv: Sequence[str]) -> list[list[str]]:
+        """Pure: the command lines `start` runs for `node` (index `index` in the topology)."""
+
+    def commands_for_release(self, keep: Sequence[str]) -> list[list[str]]:
+        """Pure: the command lines `release(keep)` runs (none when nothing has to be told)."""
+
+    def start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> NodeHandle:
+        """Start the workers of `node` with environment `base` (plus the per-node/device variables)."""
+
+    def stop(self, handle: NodeHandle, timeout: float) -> bool:
+        """Let the node's workers end on their own within `timeout` s, then kill them; True if they ended."""
+
+    def signal(self, handle: NodeHandle, sig: int) -> None:
+        """Send `sig` to the node's workers."""
+
+    def release(self, keep: Sequence[str]) -> list[str]:
+        """Give back every held node not in `keep`; returns what else ended with them, for the
+        migration's message and the audit log (e.g. "companion job 17 cancelled")."""
+
+    def keep_rank(self, node: str) -> int:
+        """Order in which nodes are kept on a shrink (lower first): nodes that are cheap to give
+        back (e.g. a companion job's non-batch nodes) rank higher."""
+
+    def acquire(self, count: int, *, job_name: str, exclude: Sequence[str], timeout: float,
+                report: Reporter) -> Acquired:
+        """Get `count` more nodes (none of `exclude`) within `timeout` s.
+        Raises CannotAcquire (no way to) or AcquireFailed (tried, failed; already cleaned up)."""
+
+    def abandon(self, acquired: Acquired, why: str, report: Reporter) -> None:
+        """Give back nodes from `acquire` that the job did not move onto."""
+
+    def close(self, report: Reporter) -> None:
+        """The launcher exits: give back whatever `acquire` got."""
+
+
+def stop_handle(handle: NodeHandle, timeout: float) -> bool:
+    """The common `NodeBackend.stop`: wait for the workers to end, kill them after `timeout` s."""
+    if handle.wait(timeout):
+        return True
+    handle.kill()
+    return False

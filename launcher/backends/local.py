@@ -1,0 +1,94 @@
+"""The local node backend: every worker a process on this machine, one per device of N simulated nodes.
+
+The embedded default for machines without Slurm, for `elastic demo` and for the tests. On a
+machine without GPUs each "GPU" is one such process training on gloo (CPU).
+"""
+from __future__ import annotations
+
+import os
+import signal as signal_module
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from launcher import control as C
+from launcher.backends.base import Acquired, CannotAcquire, NodeHandle, Reporter, resolve_python, stop_handle
+
+
+class LocalNodes:
+    """`nodes` simulated nodes of `gpus_per_node` devices, every worker a process here."""
+
+    released_nodes_return = True  # a released simulated node can be started again
+
+    def __init__(self, nodes: int, gpus_per_node: int, log_dir: Path | None = None) -> None:
+        self.names = [f"node{i}" for i in range(nodes)]
+        self.gpus_per_node = gpus_per_node
+        self.log_dir = log_dir
+        self.released: list[list[str]] = []
+
+    def allocation(self) -> list[str]:
+        return list(self.names)
+
+    @property
+    def batch_node(self) -> str:
+        return self.names[0]
+
+    def describe(self) -> str:
+        return f"local backend: {len(self.names)} simulated nodes x {self.gpus_per_node} devices on this machine"
+
+    def worker_env(self, node: str, index: int, base: Mapping[str, str]) -> list[dict[str, str]]:
+        out = []
+        for g in range(self.gpus_per_node):
+            env = dict(base)
+            env.update({C.ENV_DEVICE: str(index * self.gpus_per_node + g), C.ENV_LOCAL_ID: str(g),
+                        C.ENV_NODE: node, C.ENV_NODE_INDEX: str(index)})
+            out.append(env)
+        return out
+
+    def commands_for_start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> list[list[str]]:
+        return [["env", *[f"{k}={v}" for k, v in sorted(env.items())], *resolve_python(argv)]
+                for env in self.worker_env(node, index, base)]
+
+    def commands_for_release(self, keep: Sequence[str]) -> list[list[str]]:
+        return []  # nothing to tell anybody: the processes are gone
+
+    def start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> NodeHandle:
+        procs = {}
+        for env in self.worker_env(node, index, base):
+            dev = int(env[C.ENV_DEVICE])
+            full = dict(os.environ)
+            full.update(env)
+            out = None
+            if self.log_dir is not None:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                out = open(self.log_dir / f"worker-dev{dev}.log", "ab")
+            procs[dev] = subprocess.Popen(resolve_python(argv), env=full, stdout=out, stderr=subprocess.STDOUT if out else None)
+            if out is not None:
+                out.close()
+        return NodeHandle(node, sorted(procs), procs=procs)
+
+    def default_master_addr(self) -> str:
+        return "127.0.0.1"
+
+    def stop(self, handle: NodeHandle, timeout: float) -> bool:
+        return stop_handle(handle, timeout)
+
+    def signal(self, handle: NodeHandle, sig: int = signal_module.SIGTERM) -> None:
+        handle.signal(sig)
+
+    def release(self, keep: Sequence[str]) -> list[str]:
+        self.released.append(list(keep))
+        return []
+
+    def keep_rank(self, node: str) -> int:
+        return 0
+
+    def acquire(self, count: int, *, job_name: str, exclude: Sequence[str], timeout: float,
+                report: Reporter) -> Acquired:
+        raise CannotAcquire("the local backend cannot grow beyond it")
+
+    def abandon(self, acquired: Acquired, why: str, report: Reporter) -> None:
+        raise AssertionError("the local backend never acquires nodes")
+
+    def close(self, report: Reporter) -> None:
+        pass
