@@ -10,7 +10,7 @@ from typing import Any
 
 from flask import Blueprint, Flask, abort, flash, g, make_response, redirect, render_template, request, url_for
 
-from dashboard.auth import admin_required
+from dashboard.auth import admin_required, audit
 from dashboard.deps import is_htmx, store
 from db.records import Job
 from db.vocab import REQUEST_ACTIONS
@@ -58,17 +58,21 @@ def _params(action: str, job: Job) -> dict[str, Any]:
 @bp.post("/jobs/<int:job_id>/<action>")
 @admin_required
 def act(job_id: int, action: str) -> Any:
-    if action not in REQUEST_ACTIONS:
-        abort(404)
-    job = store().get_job(job_id) or abort(404, description=f"no job {job_id}")
     target = f"job:{job_id}"
+    if action not in REQUEST_ACTIONS:
+        audit(action, target, "denied: no such action (404)")
+        abort(404, description=f"no action {action[:40]!r}: expected one of {', '.join(REQUEST_ACTIONS)}")
+    job = store().get_job(job_id)
+    if job is None:
+        audit(action, target, "denied: no such job (404)")
+        abort(404, description=f"no job {job_id}")
     try:
         params = _params(action, job)
     except ValueError as exc:
-        store().audit(g.user.name, action, target, f"rejected: {exc}")
+        audit(action, target, f"rejected: {exc}")
         abort(400, description=str(exc))
     rid = store().add_request(job_id, action, params, g.user.name)
-    store().audit(g.user.name, action, target, f"request {rid} queued: {params}")
+    audit(action, target, f"request {rid} queued: {params}")
     message = f"Request #{rid} queued: {action} {params or ''} — the launcher will carry it out."
     if not is_htmx():
         flash(message)

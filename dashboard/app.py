@@ -1,15 +1,19 @@
 """`create_app(config)`: wires the Store, auth/CSRF, views and actions together."""
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from flask import Flask
 
-from dashboard import actions, auth, cluster_views, views
+from dashboard import actions, audit, auth, cluster_views, security, views
 from dashboard.config import ConfigError, check_secret
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+DEFAULT_THREADS = 8
+DEFAULT_SESSION_LIFETIME_S = 8 * 3600
+MAX_REQUEST_BYTES = 64 * 1024  # forms are tiny; a 400 kB "user name" is refused with 413
 
 
 def create_app(config: dict[str, Any]) -> Flask:
@@ -17,6 +21,8 @@ def create_app(config: dict[str, Any]) -> Flask:
 
     config keys: DB_URL (required), SECRET_KEY (required: refuses to start without it,
     since admin actions and logins depend on signed sessions), POLL_SECONDS (default 2),
+    THREADS (server threads; the connection pool is sized to match, default 8),
+    SECURE_COOKIES (send the session cookie over HTTPS only), SESSION_LIFETIME_S (default 8 h),
     TESTING. Raises ConfigError or db.DatabaseError with a clear message.
     """
     from db import Store
@@ -24,13 +30,21 @@ def create_app(config: dict[str, Any]) -> Flask:
     if not config.get("DB_URL"):
         raise ConfigError("no database configured: pass --db URL, set ELASTIC_DB_URL, or db in --config")
     secret = check_secret(config)
+    threads = int(config.get("THREADS") or DEFAULT_THREADS)
+    lifetime = int(config.get("SESSION_LIFETIME_S") or DEFAULT_SESSION_LIFETIME_S)
     app = Flask(__name__, template_folder=str(TEMPLATES), static_folder="static")
-    app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax", POLL_SECONDS=2)
+    app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax", POLL_SECONDS=2,
+                      SESSION_COOKIE_SECURE=bool(config.get("SECURE_COOKIES")),
+                      PERMANENT_SESSION_LIFETIME=timedelta(seconds=lifetime),
+                      MAX_CONTENT_LENGTH=MAX_REQUEST_BYTES, MAX_FORM_MEMORY_SIZE=MAX_REQUEST_BYTES)
     app.config.update({k: v for k, v in config.items() if k not in ("HOST", "PORT")})
     app.config["SECRET_KEY"] = secret
-    app.extensions["elastic_store"] = Store(config["DB_URL"])
+    # One connection per server thread, so a burst waits for a thread instead of exhausting the pool.
+    app.extensions["elastic_store"] = Store(config["DB_URL"], upgrade_schema=False, pool_size=threads)
+    security.init_app(app)
     auth.init_app(app)
     views.init_app(app)
     actions.init_app(app)
     cluster_views.init_app(app)
+    audit.init_app(app)
     return app

@@ -2,6 +2,8 @@
 
 Everything but /login and static files needs a logged-in user; every POST needs the
 session's CSRF token (form field csrf_token or header X-CSRF-Token, which htmx sends).
+A session carries the user's session version: logout and password changes bump it, so a
+cookie copied before then stops working (sessions are signed cookies, not server-side).
 """
 from __future__ import annotations
 
@@ -9,14 +11,18 @@ import hmac
 import secrets
 from functools import wraps
 from typing import Any, Callable, TypeVar, cast
+from urllib.parse import urlsplit
 
-from flask import Blueprint, Flask, Response, abort, g, redirect, render_template, request, session, url_for
+from flask import Blueprint, Flask, Response, abort, current_app, g, redirect, render_template, request, session, url_for
 
 from dashboard.deps import is_htmx, store
+from dashboard.security import client_address
+from db.vocab import MAX_NAME, MAX_PASSWORD
 
 bp = Blueprint("auth", __name__)
 F = TypeVar("F", bound=Callable[..., Any])
 PUBLIC_ENDPOINTS = {"auth.login", "static"}
+MAX_NEXT = 2000
 
 
 def csrf_token() -> str:
@@ -26,16 +32,36 @@ def csrf_token() -> str:
     return cast(str, session["csrf"])
 
 
+def audit(action: str, target: str, result: str) -> None:
+    """An audit row for this request: the user (or anonymous) and the client address."""
+    who = g.user.name if getattr(g, "user", None) else "anonymous"
+    store().audit(who, action, target, result, client_address())
+    g.audited = True
+
+
 def _check_csrf() -> None:
     sent = request.form.get("csrf_token") or request.headers.get("X-CSRF-Token") or ""
     expected = session.get("csrf") or ""
     if not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
+        limiter = current_app.extensions["elastic_throttle"]["csrf_audit"]
+        if not limiter.retry_after(client_address()):
+            limiter.failed(client_address())
+            audit("csrf", request.path, f"denied: missing or wrong CSRF token on {request.method}")
         abort(400, description="missing or wrong CSRF token: reload the page and try again")
 
 
-def _load_user() -> Response | None:
+def _session_user() -> Any:
+    """The logged-in user, or None when the session is missing or was revoked since."""
     name = session.get("user")
-    g.user = store().get_user(name) if name else None
+    user = store().get_user(name) if isinstance(name, str) else None
+    if user is not None and session.get("ver") != user.session_version:
+        session.clear()  # logged out elsewhere, or the password changed: this cookie is dead
+        return None
+    return user
+
+
+def _load_user() -> Response | None:
+    g.user = _session_user()
     if request.method == "POST":
         _check_csrf()
     if g.user is None and request.endpoint not in PUBLIC_ENDPOINTS:
@@ -54,41 +80,64 @@ def admin_required(view: F) -> F:
     @wraps(view)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if g.user is None or not g.user.is_admin:
-            target = f"job:{kwargs.get('job_id', '?')}"
-            store().audit(g.user.name if g.user else "anonymous", request.path.rsplit("/", 1)[-1], target,
-                          "denied: admin role required")
+            target = f"job:{kwargs['job_id']}" if "job_id" in kwargs else request.path
+            audit(request.path.rsplit("/", 1)[-1], target, "denied: admin role required")
             abort(403, description="this action needs the admin role")
         return view(*args, **kwargs)
 
     return cast(F, wrapper)
 
 
-def _safe_next(value: str | None) -> str:
-    """Only same-site relative paths, so the login form cannot redirect off-site."""
-    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
-        return value
-    return url_for("views.jobs")
+def safe_next(value: str | None) -> str:
+    """Only same-site paths, so the login form cannot redirect off-site.
+
+    Browsers drop TAB/CR/LF inside URLs and read `\\` as `/`, so `/<TAB>/evil` and `/\\evil` mean
+    `//evil` (another host): any control character, space or backslash is refused outright."""
+    fallback = url_for("views.jobs")
+    if not value or len(value) > MAX_NEXT or not value.startswith("/") or value.startswith("//"):
+        return fallback
+    if "\\" in value or any(ord(c) < 0x21 or ord(c) == 0x7F for c in value):
+        return fallback
+    parts = urlsplit(value)
+    return value if not parts.scheme and not parts.netloc else fallback
+
+
+def _refuse(status: int, error: str, headers: dict[str, str] | None = None) -> Any:
+    page = render_template("login.html", next=safe_next(request.form.get("next")), error=error)
+    return page, status, headers or {}
 
 
 @bp.route("/login", methods=["GET", "POST"])
 def login() -> Any:
     if request.method == "GET":
-        return render_template("login.html", next=request.args.get("next", ""), error=None)
+        return render_template("login.html", next=safe_next(request.args.get("next")), error=None)
     name = request.form.get("username", "").strip()
-    user = store().verify_user(name, request.form.get("password", ""))
-    store().audit(name or "anonymous", "login", "dashboard", "ok" if user else "denied: bad credentials")
+    password = request.form.get("password", "")
+    if not name or len(name) > MAX_NAME or len(password) > MAX_PASSWORD:
+        return _refuse(400, f"user name (1..{MAX_NAME}) or password (up to {MAX_PASSWORD} characters) out of bounds")
+    windows, address = current_app.extensions["elastic_throttle"], client_address()
+    wait = max(windows["user"].retry_after(name), windows["address"].retry_after(address))
+    if wait:
+        return _refuse(429, f"too many failed logins: try again in {wait} s", {"Retry-After": str(wait)})
+    with current_app.extensions["elastic_hash_slots"]:
+        user = store().verify_user(name, password)
+    store().audit(name, "login", "dashboard", "ok" if user else "denied: bad credentials", address)
     if user is None:
-        return render_template("login.html", next=request.form.get("next", ""),
-                               error="wrong user name or password"), 401
+        windows["user"].failed(name)
+        windows["address"].failed(address)
+        return _refuse(401, "wrong user name or password")
+    windows["user"].forget(name)
     session.clear()  # new session on login: no fixation, fresh CSRF token
-    session["user"] = user.name
+    session.permanent = True  # expires after PERMANENT_SESSION_LIFETIME (the signature's age is checked too)
+    session["user"], session["ver"] = user.name, user.session_version
     csrf_token()
-    return redirect(_safe_next(request.form.get("next")))
+    return redirect(safe_next(request.form.get("next")))
 
 
 @bp.route("/logout", methods=["POST"])
 def logout() -> Any:
-    store().audit(g.user.name, "logout", "dashboard", "ok")
+    audit("logout", "dashboard", "ok")
+    store().revoke_sessions(g.user.name)  # every cookie of this user, including copies, stops working
     session.clear()
     return redirect(url_for("auth.login"))
 

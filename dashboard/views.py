@@ -2,20 +2,24 @@
 for htmx requests, just the partial that gets swapped."""
 from __future__ import annotations
 
-import csv
 import io
 import json
 from typing import Any
 
-from flask import Blueprint, Flask, Response, abort, render_template, request
+from flask import Blueprint, Flask, Response, abort, current_app, g, render_template, request
 
 from dashboard import charts
+from dashboard.auth import audit
 from dashboard.deps import is_htmx, store
+from db.exports import write_csv
 from db.filters import MAX_LIMIT, parse_history_filters, parse_int
 from db.store import HISTORY_COLUMNS
 from db.vocab import MIGRATION_STATUSES, MIGRATION_TRIGGERS, SLA_TIERS
 
 bp = Blueprint("views", __name__)
+#: The only query keys carried into links: never pass raw query args to url_for (`?_external=1`
+#: with a forged Host would point export links off-site; `?endpoint=` raises a TypeError).
+FILTER_KEYS = ("job", "since", "until", "trigger", "status")
 PAGE_SIZE = 25
 PP_COLOURS = ["#bfdbfe", "#bbf7d0", "#fde68a", "#fecaca", "#ddd6fe", "#a5f3fc", "#fed7aa", "#fbcfe8"]
 TP_COLOURS = ["#1d4ed8", "#b91c1c", "#047857", "#7c3aed", "#c2410c", "#0e7490", "#be185d", "#4d7c0f"]
@@ -71,26 +75,34 @@ def history() -> Any:
                         headers={"Content-Disposition": "attachment; filename=history.csv"})
     total = store().history_count(**filters.as_kwargs())
     ctx = {"rows": rows, "page": page, "pages": max(1, -(-total // PAGE_SIZE)), "total": total,
-           "args": {k: v for k, v in request.args.items() if k not in ("page", "format", "limit") and v},
+           "args": {k: v for k in FILTER_KEYS if (v := request.args.get(k, "").strip())},
            "triggers": MIGRATION_TRIGGERS, "statuses": MIGRATION_STATUSES}
     return render_template("_history_table.html" if is_htmx() else "history.html", **ctx)
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(HISTORY_COLUMNS), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
+    write_csv(rows, HISTORY_COLUMNS, buf)
     return buf.getvalue()
 
 
 def _error(exc: Any) -> tuple[str, int]:
+    if exc.code == 404 and request.method == "POST" and getattr(g, "user", None) and not g.get("audited"):
+        audit("post", request.path, "denied: not found (404)")  # e.g. an admin POST to a job id out of range
     template = "_error.html" if is_htmx() else "error.html"
     return render_template(template, code=exc.code, name=exc.name, description=exc.description), exc.code
 
 
+def _crash(exc: Exception) -> tuple[str, int]:
+    """Anything unexpected: log the traceback server-side, show the visitor one line (no internals)."""
+    current_app.logger.exception("unhandled error on %s %s", request.method, request.path)
+    return render_template("_error.html" if is_htmx() else "error.html", code=500, name="Internal Server Error",
+                           description="the dashboard hit an unexpected error; the server log has details"), 500
+
+
 def init_app(app: Flask) -> None:
     app.register_blueprint(bp)
-    for code in (400, 403, 404, 409):
+    for code in (400, 403, 404, 405, 409, 413, 429):
         app.register_error_handler(code, _error)
+    app.register_error_handler(500, _crash)
     app.jinja_env.globals.update(human_bytes=charts.human_bytes)

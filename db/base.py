@@ -35,20 +35,20 @@ def from_db(value: datetime | None) -> datetime | None:
 class StoreBase:
     """Opens the database, upgrades its schema, and hands out one transaction per call."""
 
-    def __init__(self, url: str, *, create: bool = True, clock: Clock | None = None) -> None:
+    def __init__(self, url: str, *, create: bool = True, clock: Clock | None = None, readonly: bool = False,
+                 upgrade_schema: bool = True, pool_size: int | None = None) -> None:
+        """create: make the file and schema when missing; readonly: open SQLite read-only and refuse
+        anything but a current elastic schema (nothing is ever written, not even WAL mode);
+        upgrade_schema=False: refuse an older schema instead of upgrading it (see `elastic db upgrade`);
+        pool_size: pooled connections, one per server thread."""
         self.url = normalize_url(url)
-        self._engine, self.display_url = open_engine(self.url, create=create)
+        self.readonly = readonly
+        create = create and not readonly
+        self._engine, self.display_url = open_engine(self.url, create=create, readonly=readonly,
+                                                     pool_size=pool_size)
         try:
-            if not create:
-                from sqlalchemy import inspect
-
-                with self._engine.connect() as conn:
-                    if not inspect(conn).has_table("schema_version"):
-                        raise DatabaseError(
-                            f"{self.display_url} is not an elastic database (no schema_version "
-                            "table); check --db"
-                        )
-            self.schema_found, self.schema_version = upgrade(self._engine, self.display_url)
+            self.schema_found, self.schema_version = upgrade(
+                self._engine, self.display_url, create=create, migrate=upgrade_schema and not readonly)
         except SQLAlchemyError as exc:
             self._engine.dispose()
             raise DatabaseError(f"cannot use {self.display_url}: {getattr(exc, 'orig', exc)}") from None

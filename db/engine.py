@@ -3,7 +3,9 @@ says which URL, why, and what to do (operators see these messages verbatim)."""
 from __future__ import annotations
 
 import os
+import sqlite3
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
@@ -32,10 +34,23 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
         cur.close()
 
 
-def open_engine(raw_url: str, *, create: bool) -> tuple[Engine, str]:
+def _sqlite_readonly_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    """Read-only connections change nothing about the file (no WAL switch); they only wait for writers."""
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute("PRAGMA query_only=ON")
+    finally:
+        cur.close()
+
+
+def open_engine(raw_url: str, *, create: bool, readonly: bool = False,
+                pool_size: int | None = None) -> tuple[Engine, str]:
     """Create the engine and check it connects; returns (engine, printable URL).
 
     With create=False a missing SQLite file is an error and nothing is created on disk.
+    readonly=True opens a SQLite file with mode=ro, so nothing can be written to it at all.
+    pool_size: connections kept for concurrent requests (as many again may overflow briefly).
     """
     try:
         url = make_url(raw_url)
@@ -60,6 +75,11 @@ def open_engine(raw_url: str, *, create: bool) -> tuple[Engine, str]:
                 f"cannot create database {shown}: directory {parent!r} does not exist; create it first"
             )
         kwargs["connect_args"] = {"timeout": 10, "check_same_thread": False}
+        if readonly:
+            target = "file:" + quote(os.path.abspath(path), safe="/") + "?mode=ro"
+            kwargs = {"creator": lambda: sqlite3.connect(target, uri=True, timeout=10, check_same_thread=False)}
+        if pool_size:
+            kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_timeout=30)
     elif memory:
         # One shared connection, or every session would see its own empty database.
         kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
@@ -77,7 +97,7 @@ def open_engine(raw_url: str, *, create: bool) -> tuple[Engine, str]:
     except (ArgumentError, SQLAlchemyError) as exc:
         raise DatabaseError(f"cannot open {shown}: {exc}") from None
     if is_sqlite:
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_readonly_pragmas if readonly and not memory else _sqlite_pragmas)
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from datetime import date, datetime, time, timezone
 from typing import Any, Mapping
 
-from db.vocab import MIGRATION_STATUSES, MIGRATION_TRIGGERS
+from db.vocab import MAX_ID, MAX_NAME, MIGRATION_STATUSES, MIGRATION_TRIGGERS
 
 MAX_LIMIT = 1000
 
@@ -37,17 +37,22 @@ def parse_time(text: str, *, end_of_day: bool = False) -> datetime:
     includes migrations on May 1st.
     """
     text = text.strip()
+    shown = text if len(text) <= 40 else text[:40] + "…"
     try:
+        if not text.isascii():  # fromisoformat takes non-ASCII digits; a time is plain ASCII
+            raise ValueError(text)
         if len(text) == 10:
             d = date.fromisoformat(text)
             t = time.max if end_of_day else time.min
             return datetime.combine(d, t, tzinfo=timezone.utc)
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        # Convert now: an offset at the ends of the calendar (0001-01-01T00:00+01:00) overflows here,
+        # not later inside the query.
+        return value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    except (ValueError, OverflowError):
         raise ValueError(
-            f"bad time {text!r}: use an ISO date like 2024-05-01 or 2024-05-01T13:00:00"
+            f"bad time {shown!r}: use an ISO date like 2024-05-01 or 2024-05-01T13:00:00"
         ) from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 def parse_job(text: str) -> int | str:
@@ -55,19 +60,24 @@ def parse_job(text: str) -> int | str:
     text = text.strip()
     if not text:
         raise ValueError("empty job: give a job id or name")
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
+        if len(text) > 19 or int(text) > MAX_ID:
+            raise ValueError(f"bad job id {text[:40]!r}: no job has an id that large")
         return int(text)
-    if len(text) > 200:
-        raise ValueError("job name too long (max 200 characters)")
+    if len(text) > MAX_NAME:
+        raise ValueError(f"job name too long (max {MAX_NAME} characters)")
     return text
 
 
 def parse_int(name: str, text: str, lo: int, hi: int) -> int:
     """Parse a bounded integer (page numbers, limits) with a message naming the field."""
     try:
+        if not (isinstance(text, str) and text.strip().isascii() and len(text) <= 20):
+            raise ValueError(text)
         value = int(text)
     except (TypeError, ValueError):
-        raise ValueError(f"bad {name} {text!r}: expected a whole number") from None
+        shown = text[:40] if isinstance(text, str) else text
+        raise ValueError(f"bad {name} {shown!r}: expected a whole number") from None
     if not lo <= value <= hi:
         raise ValueError(f"bad {name} {value}: expected {lo}..{hi}")
     return value

@@ -248,19 +248,23 @@ def create_v1(engine: Engine) -> None:
         _stamp(conn, 1)
 
 
-def upgrade(engine: Engine, url_for_messages: str) -> tuple[int | None, int]:
+def upgrade(engine: Engine, url_for_messages: str, *, create: bool = True,
+            migrate: bool = True) -> tuple[int | None, int]:
     """Bring the schema to CURRENT_VERSION; return (version found, version now).
 
     Refuses databases written by a newer release rather than guessing at their shape.
+    create=False: an empty database is refused instead of given the schema; migrate=False: an
+    older schema is refused (with the command that upgrades it) instead of upgraded in place.
+    With both False nothing is ever written: that is how read-only commands open a database.
     """
     with engine.connect() as conn:
         found = read_version(conn)
         has_tables = bool(inspect(conn).get_table_names())
     if found is None:
-        if has_tables:
+        if has_tables or not create:
             raise DatabaseError(
-                f"{url_for_messages} holds tables but no schema_version: it is not an elastic "
-                "database; point --db at another database"
+                f"{url_for_messages} {'holds tables but ' if has_tables else 'has '}no schema_version: "
+                "it is not an elastic database; check --db"
             )
         with engine.begin() as conn:
             Base.metadata.create_all(conn)
@@ -270,6 +274,11 @@ def upgrade(engine: Engine, url_for_messages: str) -> tuple[int | None, int]:
         raise DatabaseError(
             f"{url_for_messages} has schema version {found}, newer than this release understands "
             f"({CURRENT_VERSION}); upgrade elastic-launch"
+        )
+    if found < CURRENT_VERSION and not migrate:
+        raise DatabaseError(
+            f"{url_for_messages} has schema version {found}, older than this release's {CURRENT_VERSION}; "
+            f"back it up, then run `elastic db upgrade --db URL` (this command does not change it)"
         )
     for version in range(found, CURRENT_VERSION):
         with engine.begin() as conn:

@@ -24,6 +24,7 @@ from db.vocab import (
     JOB_STATES,
     MIGRATION_KINDS,
     MIGRATION_STATUSES,
+    MAX_ID,
     MIGRATION_TRIGGERS,
     NODE_STATES,
     PHASES,
@@ -98,13 +99,16 @@ def _history_row(m: Migration) -> dict[str, Any]:
 class Store(AdminMixin, ClusterMixin, StoreBase):
     """The only way to touch the elastic database.
 
-    `Store(url)` opens (creating if needed) and upgrades the schema; `Store(url, create=False)`
+    `Store(url)` opens (creating if needed) and upgrades the schema; `Store(url, readonly=True)`
+    opens it read-only and refuses an older or foreign schema (`elastic history`); `Store(url, create=False)`
     refuses to create anything, for read-only tools like `elastic history`. Raises
     db.DatabaseError with a clear message when the URL cannot be used.
     """
 
-    def __init__(self, url: str, *, create: bool = True, clock: Clock | None = None) -> None:
-        super().__init__(url, create=create, clock=clock)
+    def __init__(self, url: str, *, create: bool = True, clock: Clock | None = None, readonly: bool = False,
+                 upgrade_schema: bool = True, pool_size: int | None = None) -> None:
+        super().__init__(url, create=create, clock=clock, readonly=readonly, upgrade_schema=upgrade_schema,
+                         pool_size=pool_size)
 
     # ----------------------------------------------------------------- jobs
     def create_job(
@@ -156,13 +160,16 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         return row
 
     def get_job(self, job_id: int) -> Job | None:
+        """The job, or None (also for ids no database column can hold, e.g. 2**64 from a URL)."""
+        if not 0 < job_id <= MAX_ID:
+            return None
         with self._tx() as s:
             row = s.get(JobRow, job_id)
             return _job(row) if row else None
 
     def find_job(self, ref: int | str) -> Job | None:
         """A job by id (int or digits) or by name (the newest job of that name)."""
-        if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+        if isinstance(ref, int) or (isinstance(ref, str) and ref.isascii() and ref.isdigit()):
             return self.get_job(int(ref))
         with self._tx() as s:
             row = s.scalars(select(JobRow).where(JobRow.name == ref).order_by(JobRow.id.desc())).first()
@@ -427,6 +434,8 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
             row.pause_s = float(pause_s)
 
     def get_migration(self, mid: int) -> Migration | None:
+        if not 0 < mid <= MAX_ID:
+            return None
         with self._tx() as s:
             row = s.get(MigrationRow, mid, options=[selectinload(MigrationRow.phases)])
             if row is None:
@@ -450,6 +459,8 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         if job is not None:
             if isinstance(job, bool) or not isinstance(job, (int, str)):
                 raise ValueError("job filter must be an id or a name")
+            if isinstance(job, int) and not 0 <= job <= MAX_ID:
+                raise ValueError(f"job id {job} is out of range")
             q = q.where(MigrationRow.job_id == job if isinstance(job, int) else JobRow.name == job)
         if since is not None:
             q = q.where(MigrationRow.started_at >= to_db(since))

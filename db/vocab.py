@@ -23,3 +23,18 @@ def check(kind: str, value: str, allowed: tuple[str, ...] | dict[str, float]) ->
     if value not in allowed:
         raise ValueError(f"unknown {kind} {value!r}: expected one of {', '.join(allowed)}")
     return value
+
+# Bounds on free-text fields, so no request (or failed login) can store or echo unbounded text.
+MAX_NAME = 200       # user, job and node names; audit `who` and `target`
+MAX_ACTION = 64      # audit `action`
+MAX_RESULT = 2000    # audit `result`
+MAX_ADDRESS = 64     # audit `address` (an IPv6 literal fits)
+MAX_PASSWORD = 1024  # longer passwords only cost hashing time
+MAX_ID = 2**63 - 1   # database ids are signed 64-bit; anything larger names nothing
+
+
+def clip(text: str | None, limit: int) -> str | None:
+    """text cut to `limit` characters (the last one an ellipsis when cut); None stays None."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"

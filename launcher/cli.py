@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module under launcher.commands, one-line help)
@@ -19,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "resume": ("resume", "ask for a suspended job to go on from its checkpoint (next elastic-launch)"),
     "testbed": ("testbed", "bring a real 4-node Slurm cluster up or down on loopback"),
     "dashboard": ("dashboard", "serve the web dashboard"),
+    "db": ("db_admin", "upgrade the database schema explicitly (`elastic db upgrade`) or show its version"),
 }
 
 
@@ -63,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"elastic {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`elastic history --csv | head -1`): stop quietly, like other Unix tools.
+        # Point stdout at /dev/null so the interpreter's final flush cannot raise a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+from typing import Callable
 
 from launcher.commands.history import add_db_argument
 
@@ -18,9 +19,40 @@ users:
   elastic dashboard --db URL --list-users
   Roles: admin (may preempt/shrink/grow/suspend/resume) and viewer (read-only).
 
-config FILE (TOML; keys: secret_key, db, host, port):
+config FILE (TOML; keys: secret_key, db, host, port, threads, secure_cookies, session_lifetime):
   secret_key = "..."   # or set ELASTIC_SECRET_KEY, which wins over the file
+  secure_cookies = true   # behind HTTPS: the session cookie is never sent in clear
+  session_lifetime = 28800   # seconds a login lasts (default 8 h)
+
+server: waitress (a production WSGI server, --threads worker threads) by default;
+  --server dev runs Werkzeug's development server (debugging only).
 """
+
+
+def port_number(text: str) -> int:
+    """argparse type for --port: 1..65535 (0 or 99999 would silently bind another port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad port {text!r}: expected a whole number 1..65535") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"bad port {value}: expected 1..65535")
+    return value
+
+
+def bounded_int(lo: int, hi: int) -> Callable[[str], int]:
+    """argparse type: a whole number in lo..hi, with a one-line error otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad number {text!r}: expected {lo}..{hi}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"bad number {value}: expected {lo}..{hi}")
+        return value
+
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     add_db_argument(parser)
     parser.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", default=None, type=int, help="port to bind (default 8050)")
-    parser.add_argument("--config", metavar="FILE", help="TOML file with secret_key (and optionally db, host, port)")
+    parser.add_argument("--port", default=None, type=port_number, help="port to bind, 1..65535 (default 8050)")
+    parser.add_argument("--config", metavar="FILE", help="TOML file with secret_key (and optionally db, host, port, ...)")
+    parser.add_argument("--server", choices=("waitress", "dev"), default="waitress",
+                        help="WSGI server (default waitress; dev = Werkzeug's, for debugging only)")
+    parser.add_argument("--threads", type=bounded_int(1, 256), default=None,
+                        help="server threads, and database connections to match (default 8)")
+    parser.add_argument("--secure-cookies", action="store_true", default=None,
+                        help="mark the session cookie Secure (serve behind HTTPS)")
+    parser.add_argument("--session-lifetime", type=bounded_int(60, 90 * 86400), default=None, metavar="SECONDS",
+                        help="how long a login lasts (default 28800 = 8 h)")
     users = parser.add_argument_group("user management (does not start the server)")
     users.add_argument("--add-user", metavar="NAME", help="create a user, or reset its password with --replace")
     users.add_argument("--role", choices=("admin", "viewer"), default="viewer", help="role for --add-user")
@@ -44,8 +84,13 @@ def _password(from_stdin: bool) -> str:
     if from_stdin:
         pw = sys.stdin.readline().rstrip("\r\n")
     else:
-        pw = getpass.getpass("password: ")
-        if pw != getpass.getpass("again: "):
+        try:
+            pw = getpass.getpass("password: ")
+            again = getpass.getpass("again: ")
+        except EOFError:
+            raise UsageError("no password given (standard input ended); without a terminal use "
+                             "--password-stdin, e.g. echo \"$PW\" | elastic dashboard --add-user NAME --password-stdin") from None
+        if pw != again:
             raise UsageError("passwords differ; try again")
     if len(pw) < 8:
         raise UsageError("password too short: use at least 8 characters")
@@ -56,7 +101,7 @@ def _manage_users(args: argparse.Namespace, url: str) -> int:
     from launcher.cli import UsageError
     from launcher.commands.history import open_store
 
-    store = open_store(url, create=True)
+    store = open_store(url, create=True)  # the first user may come before the first job
     try:
         if args.add_user:
             try:
@@ -88,12 +133,26 @@ def run(args: argparse.Namespace) -> int:
     from dashboard import create_app
 
     config["DB_URL"] = url
+    for key, value in (("THREADS", args.threads), ("SECURE_COOKIES", args.secure_cookies),
+                       ("SESSION_LIFETIME_S", args.session_lifetime)):
+        if value is not None:
+            config[key] = value
     try:
         app = create_app(config)
     except (ConfigError, DatabaseError) as exc:
         raise UsageError(str(exc)) from None
     host = args.host or config.get("HOST") or "127.0.0.1"
     port = args.port or int(config.get("PORT") or 8050)
-    print(f"elastic dashboard on http://{host}:{port}/ (database {url})", file=sys.stderr)
-    app.run(host=host, port=port, threaded=True, debug=False, use_reloader=False)
+    threads = int(config.get("THREADS") or 8)
+    print(f"elastic dashboard on http://{host}:{port}/ (database {url}, {args.server} server, "
+          f"{threads} threads)", file=sys.stderr)
+    try:
+        if args.server == "dev":
+            app.run(host=host, port=port, threaded=True, debug=False, use_reloader=False)
+        else:
+            from waitress import serve
+
+            serve(app, host=host, port=port, threads=threads, ident="elastic")
+    except OSError as exc:
+        raise UsageError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
     return 0

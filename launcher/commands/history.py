@@ -23,13 +23,16 @@ def add_db_argument(parser: argparse.ArgumentParser) -> None:
                              "sqlite:///var/elastic.db)")
 
 
-def open_store(url: str | None, *, create: bool = False) -> "Store":
-    """Open the store, turning a DatabaseError into a UsageError (exit 2, nothing created)."""
+def open_store(url: str | None, *, create: bool = False, readonly: bool = False) -> "Store":
+    """Open the store, turning a DatabaseError into a UsageError (exit 2, nothing created).
+
+    Only a creating opener (the launcher) upgrades an older schema; the others refuse it and name
+    `elastic db upgrade`, and readonly=True (history) never writes a byte."""
     from db import DatabaseError, Store
     from launcher.cli import UsageError
 
     try:
-        return Store(url or default_url(), create=create)
+        return Store(url or default_url(), create=create, readonly=readonly, upgrade_schema=create)
     except DatabaseError as exc:
         raise UsageError(str(exc)) from None
 
@@ -67,9 +70,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import csv
     import json
 
+    from db.exports import write_csv
     from db.filters import MAX_LIMIT, parse_history_filters, parse_int
     from db.store import HISTORY_COLUMNS
     from launcher.cli import UsageError
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         offset = parse_int("--offset", args.offset, 0, 10**9)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    store = open_store(args.db)
+    store = open_store(args.db, readonly=True)
     try:
         rows = store.history(**filters.as_kwargs(), limit=limit, offset=offset)
     finally:
@@ -89,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=2)
         print()
     elif args.csv:
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(HISTORY_COLUMNS), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+        write_csv(rows, HISTORY_COLUMNS, sys.stdout)
     elif rows:
         print(_table(rows))
     else:

@@ -120,3 +120,18 @@ def test_admin_preempt_queues_request_and_audit(page: Any, server: str, db_url: 
     page.wait_for_selector(f'#requests tr[data-request-id="{rid}"]')
     assert "pending" in page.locator(f'#requests tr[data-request-id="{rid}"]').inner_text()
     _shot(page, "after-preempt.png", tmp_path)
+
+
+def test_login_with_an_offsite_next_stays_on_the_site_under_the_csp(page: Any, server: str) -> None:
+    """Issue 12 item 1: Chromium followed `next=/<TAB>/evil.example` off-site; the CSP must not
+    break the pages either (no violation reported while logging in and polling)."""
+    violations: list[str] = []
+    page.on("console", lambda msg: violations.append(msg.text) if "Content Security Policy" in msg.text else None)
+    page.goto(f"{server}/login")
+    page.evaluate("document.querySelector('input[name=next]').value = '/\\t/evil.example/phish'")
+    page.fill("input[name=username]", "viewer")
+    page.fill("input[name=password]", PASSWORDS["viewer"])
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{server}/")
+    page.wait_for_timeout(2500)  # one poll of the jobs table
+    assert page.url == f"{server}/" and violations == []

@@ -38,7 +38,7 @@ def test_jobs_overview(viewer: Any) -> None:
     assert 'class="sla-bad"' in page.text and 'class="sla-ok"' in page.text  # llama misses premium, bert meets standard
     part = viewer.get("/", headers={"HX-Request": "true"})
     assert part.text.lstrip().startswith("{#") is False and "<html" not in part.text and 'id="jobs-table"' in part.text
-    assert "every 2s [document.visibilityState === 'visible']" in part.text
+    assert 'data-poll hx-trigger="every 2s"' in part.text
 
 
 def test_job_placement_page_and_partial(viewer: Any) -> None:
@@ -47,7 +47,7 @@ def test_job_placement_page_and_partial(viewer: Any) -> None:
     text = page.text
     assert 'data-epoch="1"' in text and 'data-rank="3"' in text and "pp1 tp1 dp0" in text
     assert "pinned" in text and "cell other" in text and "cell idle" in text
-    assert "every 2s [document.visibilityState === 'visible']" in text and "elastic-refresh from:body" in text
+    assert 'data-poll hx-trigger="every 2s,' in text and "elastic-refresh from:body" in text
     assert "Fragmentation" in text and "#1</a> resize" in text
     assert "Preempt</button>" not in text  # viewers get no action forms
     part = viewer.get("/jobs/1", headers={"HX-Request": "true"})

@@ -7,7 +7,7 @@ from typing import Iterator
 import pytest
 
 from db import Store
-from tests.db.seed import FakeClock
+from tests.db.seed import FakeClock, seed_demo
 
 
 @pytest.fixture
@@ -25,3 +25,14 @@ def store(db_path: Path, clock: FakeClock) -> Iterator[Store]:
     s = Store(f"sqlite:///{db_path}", clock=clock)
     yield s
     s.close()
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    """A seeded database (tests.db.seed.seed_demo) for CLI tests."""
+    u = f"sqlite:///{tmp_path / 'cli.db'}"
+    clock = FakeClock()
+    s = Store(u, clock=clock)
+    seed_demo(s, clock)
+    s.close()
+    return u

@@ -11,17 +11,6 @@ import pytest
 
 from db import Store
 from launcher.cli import main
-from tests.db.seed import FakeClock, seed_demo
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    u = f"sqlite:///{tmp_path / 'cli.db'}"
-    clock = FakeClock()
-    s = Store(u, clock=clock)
-    seed_demo(s, clock)
-    s.close()
-    return u
 
 
 def test_history_table_json_csv(url: str, capsys: pytest.CaptureFixture[str]) -> None:
