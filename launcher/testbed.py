@@ -1,4 +1,4 @@
-"""A real 4-node Slurm 22.05 cluster on loopback, for tests and demos.
+"""A real Slurm 22.05 cluster on loopback (4 nodes x 4 GPUs by default), for tests and demos.
 
 Why a real cluster and not a mock: the launcher's hard parts (shrinking a
 running job, steps that overlap, GRES, accounting) live in slurmctld's
@@ -14,6 +14,14 @@ munge/MariaDB and can be wiped with `rm -rf`. Only MariaDB's socket sits under
 
 Accounting (slurmdbd + MariaDB) is on because without it Slurm 22.05 lets a
 running job be resized only once ("the DB index is being set").
+
+The shape is a tuple of GPUs per node: the default (4, 4, 4, 4) is what every
+Slurm test expects. An uneven shape (`elastic testbed up --gpus 4,4,2,2`) is
+opt-in: it adds one partition per GPU count (`gpu4`, `gpu2`) next to `debug`
+(all nodes), so a heterogeneous job can take its components from two
+partitions. `up()` compares the configuration on disk with the one it would
+write and restarts the Slurm daemons when they differ, so a test that needs a
+shape asks for it and a test of the default shape gets the default back.
 """
 from __future__ import annotations
 
@@ -31,6 +39,9 @@ from pathlib import Path
 DEFAULT_ROOT = Path("/tmp/elastic-testbed")
 NODES = ("n1", "n2", "n3", "n4")
 GPUS_PER_NODE = 4
+DEFAULT_GPUS = (GPUS_PER_NODE,) * len(NODES)
+MAX_GPUS_PER_NODE = 8  # fake devices and CPUs per node; also bounds --gpus
+MAX_NODES = 16  # one slurmd process per node, on one small machine
 CPUS_PER_NODE = 4
 CLUSTER_NAME = "elastic"
 PARTITION = "debug"
@@ -77,8 +88,30 @@ class _Daemon:
     exe: str  # program name; /proc/PID/exe is checked against it so a reused pid is never signalled
 
 
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """`4,4,2,2` -> (4, 4, 2, 2): GPUs of each node, n1 first. One-line ValueError on bad input."""
+    try:
+        gpus = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--gpus wants GPU counts per node separated by commas (e.g. 4,4,2,2), got {text!r}") from None
+    if not 1 <= len(gpus) <= MAX_NODES or not all(1 <= g <= MAX_GPUS_PER_NODE for g in gpus):
+        raise ValueError(f"--gpus {text}: need 1..{MAX_NODES} nodes of 1..{MAX_GPUS_PER_NODE} GPUs each")
+    return gpus
+
+
+def uneven_partitions(gpus: tuple[int, ...]) -> dict[str, list[str]]:
+    """Extra partitions of an uneven shape: `gpuG` -> the nodes with G GPUs (none when all alike,
+    so the default shape's configuration stays exactly as it was)."""
+    if len(set(gpus)) < 2:
+        return {}
+    parts: dict[str, list[str]] = {}
+    for i, g in sorted(enumerate(gpus), key=lambda item: (-item[1], item[0])):
+        parts.setdefault(f"gpu{g}", []).append(f"n{i + 1}")
+    return parts
+
+
 class Testbed:
-    """A 4-node Slurm cluster on loopback whose whole state lives under `root`.
+    """A Slurm cluster on loopback (by default 4 nodes x 4 GPUs) whose whole state lives under `root`.
 
     `up()` is idempotent and returns the SLURM_CONF path; `down()` stops every
     daemon it started and is safe to call twice. The daemons outlive the Python
@@ -88,9 +121,22 @@ class Testbed:
 
     __test__ = False  # not a pytest test class despite the name
 
-    def __init__(self, root: Path | str = DEFAULT_ROOT, *, verbose: bool = True) -> None:
+    def __init__(self, root: Path | str = DEFAULT_ROOT, *, verbose: bool = True,
+                 gpus: tuple[int, ...] = DEFAULT_GPUS) -> None:
         self.root = Path(root).resolve()
         self.verbose = verbose
+        self.gpus = tuple(gpus)
+        self.nodes = tuple(f"n{i + 1}" for i in range(len(self.gpus)))
+
+    @classmethod
+    def as_running(cls, root: Path | str = DEFAULT_ROOT, *, verbose: bool = True) -> "Testbed":
+        """The testbed with the shape its configuration on disk has (the default when there is none),
+        for `status`/`down`, which must not change the shape."""
+        try:
+            shaped = cls(root, verbose=verbose, gpus=parse_gpus((Path(root) / "etc" / "shape").read_text().strip()))
+        except (OSError, ValueError):
+            shaped = None
+        return shaped if shaped is not None and shaped._config_matches() else cls(root, verbose=verbose)
 
     # ----------------------------------------------------------------- paths
     @property
@@ -130,14 +176,15 @@ class Testbed:
 
     # ---------------------------------------------------------------- status
     def is_up(self) -> bool:
-        """True when every daemon is alive and sinfo shows all 4 nodes usable."""
-        if not self.slurm_conf.exists():
+        """True when every daemon is alive, the configuration on disk is this shape's and sinfo
+        shows all its nodes usable."""
+        if not self._config_matches():
             return False
         ours = [d for d in self._daemons() if d.name != "munged"]  # munged may be reused
         if any(self._pid_of(d.name, d.exe) is None for d in ours) or not self._munge_works():
             return False
         states = self.node_states()
-        return len(states) == len(NODES) and all(
+        return len(states) == len(self.nodes) and all(
             s.rstrip("*~#!%$@^-") in ("idle", "mixed", "allocated", "completing")
             for s in states.values()
         )
@@ -171,19 +218,38 @@ class Testbed:
         if self.is_up():
             self._log(f"already up: {self.slurm_conf}")
             return self.slurm_conf
-        # Half-up (a daemon died, or left over from a crash): restart cleanly.
-        self.down(quiet=True)
         t0 = time.monotonic()
-        self._ensure_installed()
-        self._write_layout()
-        self._start_munge()
-        self._start_mariadb()
-        self._start_slurmdbd()
+        if self._base_running() and not self._config_matches():
+            # Another shape is up: only slurmctld (-c: no jobs kept) and the slurmd change.
+            self._log(f"reshaping to {len(self.nodes)} nodes with GPUs {','.join(map(str, self.gpus))}")
+            self._stop_slurm()
+            self._write_layout()
+        else:
+            # Half-up (a daemon died, or left over from a crash): restart cleanly.
+            self.down(quiet=True)
+            self._ensure_installed()
+            self._write_layout()
+            self._start_munge()
+            self._start_mariadb()
+            self._start_slurmdbd()
         self._start_slurmctld()
         self._start_slurmds()
         self._wait_nodes_idle(deadline=time.monotonic() + timeout)
         self._log(f"up in {time.monotonic() - t0:.1f} s: export SLURM_CONF={self.slurm_conf}")
         return self.slurm_conf
+
+    def _config_matches(self) -> bool:
+        """The files on disk are the ones this shape writes (so the running daemons read them)."""
+        try:
+            return (self.slurm_conf.read_text() == self._slurm_conf_text()
+                    and (self.root / "etc" / "gres.conf").read_text() == self._gres_conf_text())
+        except OSError:
+            return False
+
+    def _base_running(self) -> bool:
+        """MariaDB and slurmdbd (shape-independent) are alive and munge answers."""
+        return all(self._pid_of(d.name, d.exe) is not None for d in self._daemons()
+                   if d.name in ("mariadb", "slurmdbd")) and self._munge_works()
 
     @staticmethod
     def _require_root() -> None:
@@ -212,20 +278,21 @@ class Testbed:
         for sub in ("etc", "log", "run", "state/ctld", "munge", "mysql", "dev"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
-        for node in NODES:
+        for node, gpus in zip(self.nodes, self.gpus):
             (self.root / "state" / f"slurmd-{node}").mkdir(parents=True, exist_ok=True)
-            self._make_fake_gpus(self.root / "dev" / node)
+            self._make_fake_gpus(self.root / "dev" / node, gpus)
         self.slurm_conf.write_text(self._slurm_conf_text())
         (self.root / "etc" / "gres.conf").write_text(self._gres_conf_text())
+        (self.root / "etc" / "shape").write_text(",".join(map(str, self.gpus)) + "\n")
         dbd = self.root / "etc" / "slurmdbd.conf"
         dbd.write_text(self._slurmdbd_conf_text())
         os.chmod(dbd, 0o600)  # slurmdbd refuses a config others can read
 
     @staticmethod
-    def _make_fake_gpus(folder: Path) -> None:
+    def _make_fake_gpus(folder: Path, count: int) -> None:
         """GRES File= must be character devices; /dev/null's numbers (1,3) are harmless."""
         folder.mkdir(parents=True, exist_ok=True)
-        for i in range(GPUS_PER_NODE):
+        for i in range(count):
             path = folder / f"nvidia{i}"
             if path.exists() and stat.S_ISCHR(path.stat().st_mode):
                 continue
@@ -235,8 +302,8 @@ class Testbed:
 
     def _slurm_conf_text(self) -> str:
         r = self.root
-        last_port = SLURMD_BASE_PORT + len(NODES) - 1
-        nodes = f"n[1-{len(NODES)}]"
+        last_port = SLURMD_BASE_PORT + len(self.nodes) - 1
+        nodes = f"n[1-{len(self.nodes)}]"
         return f"""\
 # Written by launcher/testbed.py; rewritten on every `up`.
 ClusterName={CLUSTER_NAME}
@@ -277,16 +344,30 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=300
 MessageTimeout=10
-NodeName={nodes} NodeHostname=localhost NodeAddr=127.0.0.1 Port={SLURMD_BASE_PORT}-{last_port} CPUs={CPUS_PER_NODE} Sockets=1 CoresPerSocket={CPUS_PER_NODE} ThreadsPerCore=1 RealMemory=1024 Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN
+{self._node_lines(last_port)}
 PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
-"""
+""" + "".join(f"PartitionName={name} Nodes={','.join(members)} MaxTime=INFINITE State=UP\n"
+              for name, members in uneven_partitions(self.gpus).items())
+
+    def _node_lines(self, last_port: int) -> str:
+        """One NodeName line for all nodes when they are alike (the default's exact text), else one
+        per node with its own port, GPUs and CPUs (a node gets max(4, GPUs) CPUs: a task per GPU)."""
+        if len(set(self.gpus)) == 1:
+            groups = [(f"n[1-{len(self.nodes)}]", f"{SLURMD_BASE_PORT}-{last_port}", self.gpus[0])]
+        else:
+            groups = [(n, str(SLURMD_BASE_PORT + i), g) for i, (n, g) in enumerate(zip(self.nodes, self.gpus))]
+        return "\n".join(
+            f"NodeName={names} NodeHostname=localhost NodeAddr=127.0.0.1 Port={ports} "
+            f"CPUs={max(CPUS_PER_NODE, g)} Sockets=1 CoresPerSocket={max(CPUS_PER_NODE, g)} ThreadsPerCore=1 "
+            f"RealMemory=1024 Gres=gpu:{g} State=UNKNOWN"
+            for names, ports, g in groups
+        )
 
     def _gres_conf_text(self) -> str:
         lines = ["# Fake GPUs: character devices made with mknod (c 1 3)."]
-        for node in NODES:
-            lines.append(
-                f"NodeName={node} Name=gpu File={self.root}/dev/{node}/nvidia[0-{GPUS_PER_NODE - 1}]"
-            )
+        for node, gpus in zip(self.nodes, self.gpus):
+            files = "nvidia0" if gpus == 1 else f"nvidia[0-{gpus - 1}]"
+            lines.append(f"NodeName={node} Name=gpu File={self.root}/dev/{node}/{files}")
         return "\n".join(lines) + "\n"
 
     def _slurmdbd_conf_text(self) -> str:
@@ -332,9 +413,16 @@ StorageLoc={DB_NAME}
             # -c: forget jobs from a previous session so every `up` starts clean.
             _Daemon("slurmctld", ["slurmctld", "-D", "-c", "-f", conf], "slurmctld"),
         ]
-        for node in NODES:
+        for node in self._slurmd_nodes():
             daemons.append(_Daemon(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", conf], "slurmd"))
         return daemons
+
+    def _slurmd_nodes(self) -> list[str]:
+        """This shape's nodes, then any other node whose slurmd pid file is left from another shape
+        (so down() and a reshape stop it too)."""
+        left = sorted((p.name[len("slurmd-"):-len(".pid")] for p in self.run_dir.glob("slurmd-n*.pid")
+                       if not p.name.endswith(".slurm.pid")), key=lambda n: int(n[1:]) if n[1:].isdigit() else 0)
+        return list(self.nodes) + [n for n in left if n not in self.nodes]
 
     def _daemon(self, name: str) -> _Daemon:
         return next(d for d in self._daemons() if d.name == name)
@@ -489,8 +577,8 @@ StorageLoc={DB_NAME}
         self._wait("waiting for the restarted slurmctld to answer `scontrol ping`", self._ctld_answers, d)
 
     def _start_slurmds(self) -> None:
-        self._log(f"starting {len(NODES)} slurmd ({', '.join(NODES)})")
-        for node in NODES:
+        self._log(f"starting {len(self.nodes)} slurmd ({', '.join(self.nodes)}; GPUs {','.join(map(str, self.gpus))})")
+        for node in self.nodes:
             self._spawn(self._daemon(f"slurmd-{node}"))
 
     def _wait_nodes_idle(self, deadline: float) -> None:
@@ -499,11 +587,11 @@ StorageLoc={DB_NAME}
             for d in self._daemons():
                 self._check_alive(d, "waiting for the nodes to become idle")
             states = self.node_states()
-            if len(states) == len(NODES) and all(s == "idle" for s in states.values()):
+            if sorted(states) == sorted(self.nodes) and all(s == "idle" for s in states.values()):
                 return
             time.sleep(0.2)
         raise TestbedError(
-            f"timed out waiting for {len(NODES)} idle nodes (sinfo says {states or 'nothing'}); "
+            f"timed out waiting for {len(self.nodes)} idle nodes (sinfo says {states or 'nothing'}); "
             + self._log_hint()
         )
 
@@ -535,11 +623,20 @@ StorageLoc={DB_NAME}
         daemons = self._daemons()
         groups = [[d for d in daemons if d.name.startswith("slurmd-")]]
         groups += [[d] for d in reversed(daemons) if not d.name.startswith("slurmd-")]
+        stopped = self._stop_groups(groups)
+        if not quiet:
+            self._log("stopped " + (", ".join(stopped) if stopped else "nothing (was not running)"))
+
+    def _stop_slurm(self) -> None:
+        """Stop the slurmd (every shape's) and then slurmctld; munged, MariaDB and slurmdbd stay."""
+        daemons = self._daemons()
+        self._stop_groups([[d for d in daemons if d.name.startswith("slurmd-")], [self._daemon("slurmctld")]])
+
+    def _stop_groups(self, groups: list[list[_Daemon]]) -> list[str]:
         stopped: list[str] = []
         for group in groups:
             stopped += self._stop_group(group)
-        if not quiet:
-            self._log("stopped " + (", ".join(stopped) if stopped else "nothing (was not running)"))
+        return stopped
 
     def _stop_group(self, group: list[_Daemon]) -> list[str]:
         """TERM every live daemon in the group, wait, then KILL the ones still there."""

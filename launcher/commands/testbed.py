@@ -1,4 +1,8 @@
-"""`elastic testbed up|down|status [--root DIR]`: the local 4-node Slurm cluster.
+"""`elastic testbed up|down|status [--root DIR] [--gpus 4,4,2,2]`: the local Slurm cluster.
+
+The default shape is 4 nodes x 4 GPUs. `up --gpus 4,4,2,2` brings up nodes of different GPU counts
+with a partition per count (gpu4, gpu2) besides `debug`; a later plain `up` brings the default back.
+`status` and `down` act on whatever shape is running.
 
 `up` ends with an `export SLURM_CONF=...` line so `eval "$(elastic testbed up)"`
 points the shell's Slurm commands at the testbed; progress goes to stderr.
@@ -11,7 +15,7 @@ import sys
 from pathlib import Path
 
 from launcher.cli import UsageError
-from launcher.testbed import DEFAULT_ROOT, Testbed, TestbedError
+from launcher.testbed import DEFAULT_GPUS, DEFAULT_ROOT, Testbed, TestbedError, parse_gpus
 
 ACTIONS = ("up", "down", "status")
 
@@ -20,15 +24,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=ACTIONS, help="bring the cluster up, down, or report its state")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
                         help=f"folder holding all testbed state (default {DEFAULT_ROOT})")
+    parser.add_argument("--gpus", default=None, metavar="G,G,...",
+                        help="up only: GPUs of each node, e.g. 4,4,2,2 (default "
+                             f"{','.join(map(str, DEFAULT_GPUS))}); uneven counts add partitions gpu4, gpu2, ...")
 
 
 def run(args: argparse.Namespace) -> int:
     root: Path = args.root
     if root.exists() and not root.is_dir():
         raise UsageError(f"--root {root} exists and is not a folder")
+    if args.gpus is not None and args.action != "up":
+        raise UsageError(f"--gpus applies to `up` only; `{args.action}` acts on the shape that is running")
+    try:
+        gpus = parse_gpus(args.gpus) if args.gpus is not None else DEFAULT_GPUS
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.action == "up" and os.geteuid() != 0:
         raise UsageError("the testbed starts slurmd, munged and MariaDB and must run as root")
-    testbed = Testbed(root)
+    testbed = Testbed(root, gpus=gpus) if args.action == "up" else Testbed.as_running(root)
     try:
         return _ACTIONS[args.action](testbed)
     except TestbedError as exc:
@@ -51,7 +64,8 @@ def _status(testbed: Testbed) -> int:
     """Exit 0 when up, 1 when not, so scripts can test it."""
     if testbed.is_up():
         states = testbed.node_states()
-        print(f"up: {len(states)} nodes ({', '.join(f'{n} {s}' for n, s in states.items())})")
+        gpus = dict(zip(testbed.nodes, testbed.gpus))
+        print(f"up: {len(states)} nodes ({', '.join(f'{n} {s} gpu:{gpus.get(n)}' for n, s in states.items())})")
         print(f"export SLURM_CONF={testbed.slurm_conf}")
         return 0
     running = [name for name, pid in testbed.daemon_pids().items() if pid is not None]

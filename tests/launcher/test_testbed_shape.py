@@ -1,0 +1,63 @@
+"""The testbed's shape, without starting it: the default configuration is byte-for-byte the one
+every Slurm test was written against (golden files written by the testbed before shapes existed),
+and an uneven shape adds per-node GPU counts and one partition per count."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main as elastic
+from launcher.testbed import Testbed, parse_gpus, uneven_partitions
+
+GOLDEN = Path(__file__).parent / "golden"
+ROOT = "/tmp/elastic-testbed"  # the goldens name the default root
+
+
+def test_default_shape_writes_the_old_configuration_exactly() -> None:
+    testbed = Testbed(ROOT)
+    assert testbed.nodes == ("n1", "n2", "n3", "n4") and testbed.gpus == (4, 4, 4, 4)
+    assert testbed._slurm_conf_text() == (GOLDEN / "testbed_slurm_conf_default.txt").read_text()
+    assert testbed._gres_conf_text() == (GOLDEN / "testbed_gres_conf_default.txt").read_text()
+
+
+def test_uneven_shape_has_gpus_per_node_and_a_partition_per_count() -> None:
+    conf = Testbed(ROOT, gpus=(4, 4, 2, 2))._slurm_conf_text().splitlines()
+    nodes = {line.split()[0]: line for line in conf if line.startswith("NodeName=")}
+    assert [(n, line.split("Gres=")[1].split()[0]) for n, line in nodes.items()] == [
+        ("NodeName=n1", "gpu:4"), ("NodeName=n2", "gpu:4"), ("NodeName=n3", "gpu:2"), ("NodeName=n4", "gpu:2")]
+    assert len({line.split("Port=")[1].split()[0] for line in nodes.values()}) == 4  # one slurmd port each
+    parts = [line.split()[:2] for line in conf if line.startswith("PartitionName=")]
+    assert parts == [["PartitionName=debug", "Nodes=n[1-4]"], ["PartitionName=gpu4", "Nodes=n1,n2"],
+                     ["PartitionName=gpu2", "Nodes=n3,n4"]]
+    gres = Testbed(ROOT, gpus=(4, 1))._gres_conf_text()
+    assert f"NodeName=n2 Name=gpu File={ROOT}/dev/n2/nvidia0\n" in gres
+
+
+def test_partitions_only_for_uneven_shapes() -> None:
+    assert uneven_partitions((4, 4, 4, 4)) == {}
+    assert uneven_partitions((2, 4, 2)) == {"gpu4": ["n2"], "gpu2": ["n1", "n3"]}
+
+
+@pytest.mark.parametrize("text", ["", "4,,2", "4,x", "0,4", "9", ",".join(["1"] * 17)])
+def test_bad_gpus_is_one_line_error(text: str) -> None:
+    with pytest.raises(ValueError, match="--gpus") as exc:
+        parse_gpus(text)
+    assert "\n" not in str(exc.value)
+
+
+def test_cli_refuses_gpus_outside_up(tmp_path, capsys) -> None:
+    assert elastic(["testbed", "status", "--gpus", "4,2", "--root", str(tmp_path)]) == 2
+    assert "--gpus applies to `up` only" in capsys.readouterr().err
+    assert elastic(["testbed", "up", "--gpus", "4,x", "--root", str(tmp_path)]) == 2
+
+
+def test_as_running_reads_the_shape_only_when_the_configuration_matches(tmp_path) -> None:
+    uneven = Testbed(tmp_path, gpus=(4, 4, 2, 2))
+    (tmp_path / "etc").mkdir()
+    uneven.slurm_conf.write_text(uneven._slurm_conf_text())
+    (tmp_path / "etc" / "gres.conf").write_text(uneven._gres_conf_text())
+    (tmp_path / "etc" / "shape").write_text("4,4,2,2\n")
+    assert Testbed.as_running(tmp_path).gpus == (4, 4, 2, 2)
+    uneven.slurm_conf.write_text(Testbed(tmp_path)._slurm_conf_text())  # rewritten by a default up
+    assert Testbed.as_running(tmp_path).gpus == (4, 4, 4, 4)
