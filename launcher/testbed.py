@@ -73,6 +73,24 @@ def _real_exe(name: str) -> str:
     return os.path.realpath(found) if found else name
 
 
+def _inherited_fds() -> list[int]:
+    """Open descriptors above 2 that a spawned daemon would inherit (posix_spawn keeps them).
+
+    They must be closed in the daemon: `flock /tmp/elastic-slurm.lock elastic testbed up` hands
+    the lock's descriptor to this process, and a munged or slurmdbd that kept it would hold the
+    team's Slurm lock for as long as the testbed runs.
+    """
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 2 and os.get_inheritable(fd):
+                fds.append(fd)
+        except OSError:  # the descriptor listdir used, closed by now
+            continue
+    return fds
+
+
 class TestbedError(RuntimeError):
     """The testbed could not be brought up or down; the message says where to look."""
 
@@ -444,6 +462,7 @@ StorageLoc={DB_NAME}
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                     (os.POSIX_SPAWN_DUP2, out, 1),
                     (os.POSIX_SPAWN_DUP2, out, 2),
+                    *[(os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited_fds() if fd != out],
                 ],
             )
         except OSError as exc:

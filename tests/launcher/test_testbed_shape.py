@@ -61,3 +61,34 @@ def test_as_running_reads_the_shape_only_when_the_configuration_matches(tmp_path
     assert Testbed.as_running(tmp_path).gpus == (4, 4, 2, 2)
     uneven.slurm_conf.write_text(Testbed(tmp_path)._slurm_conf_text())  # rewritten by a default up
     assert Testbed.as_running(tmp_path).gpus == (4, 4, 4, 4)
+
+
+def test_daemons_do_not_inherit_descriptors(tmp_path) -> None:
+    """`flock /tmp/elastic-slurm.lock elastic testbed up` passes the lock's descriptor down: a daemon
+    that kept it would hold the team's lock as long as the testbed runs. Spawned daemons get 0-2 only."""
+    import os
+    import time
+
+    from launcher.testbed import _Daemon
+
+    testbed = Testbed(tmp_path, verbose=False)
+    for sub in ("log", "run"):
+        (tmp_path / sub).mkdir()
+    held = os.open(tmp_path / "lock", os.O_CREAT | os.O_RDWR)
+    os.set_inheritable(held, True)  # as flock(1) hands it to its command
+    pid = testbed._spawn(_Daemon("probe", ["sleep", "30"], "sleep"))
+    try:
+        deadline = time.monotonic() + 5
+        while os.readlink(f"/proc/{pid}/exe") != _exe("sleep") and time.monotonic() < deadline:
+            time.sleep(0.02)  # until exec replaced the child
+        assert sorted(os.listdir(f"/proc/{pid}/fd")) == ["0", "1", "2"]
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(held)
+
+
+def _exe(name: str) -> str:
+    from launcher.testbed import _real_exe
+
+    return _real_exe(name)
