@@ -7,7 +7,7 @@ from typing import Any
 
 from flask import Flask
 
-from dashboard import actions, audit, auth, cluster_views, security, views
+from dashboard import actions, audit, auth, cluster_views, events, security, views
 from dashboard.config import ConfigError, check_secret
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -47,4 +47,5 @@ def create_app(config: dict[str, Any]) -> Flask:
     actions.init_app(app)
     cluster_views.init_app(app)
     audit.init_app(app)
+    events.init_app(app)
     return app
