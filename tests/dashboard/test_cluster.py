@@ -158,3 +158,20 @@ def test_unreachable_slurm_is_a_503_or_a_fallback(db_url: str, tmp_path: Path) -
     login(client, "viewer")
     resp = client.get("/cluster")
     assert resp.status_code == 200 and 'id="cluster-warning"' in resp.text and 'data-source="local"' in resp.text
+
+
+def test_recorded_plain_jobs_a_drained_and_a_reserved_node() -> None:
+    """Recorded with two plain sbatch jobs on n1 (gpu:1, gpu:2), n4 drained, a reservation on n3,
+    and a job pending behind it."""
+    snap = _snapshot("plain")
+    assert snap.reserved_nodes == {"n3"}
+    assert {j.job_id: dict(j.gpus) for j in snap.jobs} == {"23": {"n1": (0,)}, "24": {"n1": (1, 2)}}
+    view = build_from_slurm(snap, [])
+    nodes = {n.name: n for n in view.nodes}
+    assert [(g.kind, g.job) for g in nodes["n1"].gpus] == [("job", "23"), ("job", "24"), ("job", "24"), ("idle", "")]
+    assert nodes["n4"].marks == ("drained",) and nodes["n4"].reason == "disk-check"
+    assert nodes["n3"].marks == ("reserved",) and nodes["n2"].marks == ()
+    f = view.fragmentation
+    assert (f.gpus_total, f.gpus_free, f.stranded, f.free_nodes, f.largest_free_block, f.index) == (16, 5, 1, 1, 1, 0.2)
+    assert view.shrink == ()
+    assert build_from_slurm(snap, [], partitions=["other"]).nodes == ()
