@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from flask import Blueprint, Flask, abort, current_app, g, render_template, request
+from flask import Blueprint, Flask, abort, current_app, g, render_template, request, url_for
 
 from dashboard.cluster import ClusterView
 from dashboard.auth import admin_required
@@ -15,6 +15,7 @@ from dashboard.deps import is_htmx, store
 from dashboard.linechart import LineChart, line_chart
 from dashboard.preempt_preview import preview
 from dashboard.slurm_reader import SlurmReadError
+from dashboard.timeline import pause_of, timeline
 
 bp = Blueprint("cluster", __name__)
 JOB_COLOURS = 8  # CSS classes jc0..jc7 (no inline styles: they would not survive a strict CSP)
@@ -74,6 +75,16 @@ def preempt_preview() -> Any:
         store().audit(g.user.name, "preempt-preview", "cluster", f"rejected: {exc}")
         abort(400, description=str(exc))
     return render_template("_preempt_preview.html", p=result)
+
+
+@bp.get("/jobs/<int:job_id>/timeline")
+def job_timeline(job_id: int) -> str:
+    job = store().get_job(job_id) or abort(404, description=f"no job {job_id}")
+    migrations = store().recent_migrations(job_id, limit=200)
+    t = timeline(store().rank_maps(job_id), migrations, store().steps(job_id), datetime.now(timezone.utc),
+                 href=lambda mid: url_for("views.migration", mid=mid))
+    ctx = {"job": job, "t": t, "migrations": migrations, "pause_of": pause_of}
+    return render_template("_timeline_panels.html" if is_htmx() else "timeline.html", **ctx)
 
 
 def init_app(app: Flask) -> None:

@@ -58,18 +58,20 @@ def _ticks(lo: float, hi: float, n: int) -> list[float]:
 def line_chart(series: Sequence[tuple[str, str, Sequence[Point]]],
                bands: Sequence[tuple[float, float, str, str, str]] = (),
                *, width: int = 640, height: int = 200, y_min: float | None = 0.0, y_max: float | None = None,
+               x_range: tuple[float, float] | None = None, step: bool = False,
                x_text: Callable[[float], str] = lambda x: f"{x:.0f}",
                y_text: Callable[[float], str] = lambda y: f"{y:.3g}") -> LineChart:
     """Lines for `series` = [(label, colour, [(x, y), ...])] and `bands` = [(x0, x1, label, colour,
     href)], on shared axes that cover every point and band; y from y_min (None: the data's
-    minimum) to y_max (None: the data's maximum)."""
+    minimum) to y_max (None: the data's maximum); x over x_range when given (charts stacked on one
+    time axis), else over the data. step=True draws a staircase (a value that holds until the next)."""
     left, top, right, bottom = 56, 8, 12, 24
     pw, ph = width - left - right, height - top - bottom
     xs = [x for _, _, pts in series for x, _ in pts] + [b for x0, x1, *_ in bands for b in (x0, x1)]
     ys = [y for _, _, pts in series for _, y in pts]
     if not xs:
         return LineChart(width, height, left, top, pw, ph, (), (), (), (), True)
-    x0, x1 = min(xs), max(xs)
+    x0, x1 = x_range or (min(xs), max(xs))
     if x1 == x0:
         x0, x1 = x0 - 1, x1 + 1
     lo = (min(ys) if ys else 0.0) if y_min is None else y_min
@@ -86,7 +88,8 @@ def line_chart(series: Sequence[tuple[str, str, Sequence[Point]]],
     lines = []
     for label, colour, pts in series:
         coords = tuple((px(x), py(y)) for x, y in sorted(pts))
-        path = " ".join(f"{'M' if i == 0 else 'L'}{cx},{cy}" for i, (cx, cy) in enumerate(coords))
+        path = " ".join(f"{'M' if i == 0 else 'L'}{cx},{cy}" if not (step and i) else f"H{cx} V{cy}"
+                        for i, (cx, cy) in enumerate(coords))
         lines.append(Line(label, colour, path, coords))
     drawn = tuple(Band(px(a), max(px(b) - px(a), 2.0), label, colour, href) for a, b, label, colour, href in bands)
     return LineChart(width, height, left, top, pw, ph, tuple(lines), drawn,
