@@ -5,7 +5,7 @@ Per scenario, one job:
   1. starts on the old layout and trains (steady-state memory is taken over one step);
   2. is resized live to the new layout (`Launcher.grow_to`/`shrink_to`, the path `elastic resize` takes);
      the pause is the wall time from the old layout's last committed step to the new one's first,
-     both stamped by the workers' commit votes on the control store (Control.commit_times);
+     both stamped by the workers' commit votes, as the launcher records it for every migration (launcher.pause);
   3. is resized back live (not measured), then suspended (stop at a step boundary, DCP save, exit),
      and resumed by a new launcher on the new layout (new processes, resharding load, first step):
      the restart pause runs from the last commit before the suspend to the first after the resume.
@@ -182,13 +182,12 @@ def run_scenario(name: str, cfg: BenchConfig, workdir: Path, ceilings: dict[int,
         _train(la, 2, deadline)
         steady = _steady(la, deadline)
         la.opts.max_nodes = max(n_prev, n_curr)
-        old_world = la.world
         progress(f"[{name}] live resize {prev} -> {curr} ...")
         with PeakWatch(la) as watch:
             out = _resize(la, n_curr)
-            first = _first_commit(la, la.world, deadline)
-        last = la.ctl.commit_times(old_world)[1]
-        row["pause_s"] = first - last
+            # the launcher records the pause once the new layout committed its first step (launcher.pause)
+            _wait(la, lambda: out.pause_s is not None, deadline, "the first step on the new layout")
+        row["pause_s"] = out.pause_s
         row["bytes_moved"] = out.bytes_moved
         row["bit_exact"] = bool(out.bit_exact)
         row["phases"] = {k: round(v, 4) for k, v in out.phases.items()}

@@ -46,6 +46,7 @@ from pathlib import Path
 from launcher import control as C
 from launcher.errors import UsageError
 from launcher.backends import AcquireFailed, CannotAcquire, NodeHandle, Reporter, make_backend, shell_line
+from launcher.pause import PendingPauses
 
 SIGNAL_ACTIONS = ("shrink", "suspend", "ignore")
 
@@ -247,6 +248,7 @@ class Outcome:
     nodes_before: int = 0
     nodes_after: int = 0
     at_step: int | None = None
+    pause_s: float | None = None  # set once the new layout committed its first step (launcher.pause)
 
 
 class Launcher:
@@ -276,6 +278,7 @@ class Launcher:
         self.stopped = False
         self.suspended = False
         self.world = "w0"  # the process-group world the current layout trains in
+        self.pauses = PendingPauses()  # migrations whose pause is known once the new layout commits a step
         self.epoch_base = 0  # database epochs of a resumed job continue after its earlier ones
         self.loss_step = 0  # the last step whose loss is in the database
         self.ckpt_dir = str(Path(opts.checkpoint_dir or default_checkpoint_dir(getattr(store, "url", None),
@@ -518,6 +521,7 @@ class Launcher:
             return out
         # committed: the new layout trains; the departing workers exit, then their nodes go back
         self.current = p.curr
+        self.pauses.add(mid, self.world, f"w{e}", out)
         self.world = f"w{e}"
         self.db.record_rank_map(self.job_id, self.epoch_base + e, out.to_layout, self._entries(p.curr))
         for n in leaving:
@@ -804,6 +808,7 @@ class Launcher:
             self.log(out.message)
             self.outcomes.append(out)
             return out
+        self.pauses.add(mid, self.world, f"w{e}", out)
         self.current, self.world = RankMap(layout, devices), f"w{e}"
         self.db.record_rank_map(self.job_id, self.epoch_base + e, out.to_layout, self._entries(self.current))
         out.ok, out.at_step, out.nodes_after = True, step, len(self.active)
@@ -827,6 +832,7 @@ class Launcher:
         self.ctl.post({"epoch": self.epoch, "kind": "stop"})
         for n in list(self.handles):
             self._reap(n, timeout=120)
+        self.pauses.settle(self.ctl, self.db, self.log)
         self.stopped = True
         self.db.set_job_state(self.job_id, "finished")
 
@@ -866,6 +872,7 @@ class Launcher:
 
     def poll_once(self) -> bool:
         """One round of checks; False once the job is over."""
+        self.pauses.settle(self.ctl, self.db, self.log)
         exited = {d: rc for h in self.handles.values() for d, rc in h.exited().items()}
         layout_devs = set(self.current.devices)
         if exited and any(rc != 0 for rc in exited.values()):

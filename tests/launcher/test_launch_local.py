@@ -66,6 +66,9 @@ def test_resize_requests_shrink_and_grow_with_bit_exact_records(tmp_path, capsys
         assert m.status == "succeeded" and m.trigger == "resize" and m.bit_exact is True
         assert set(m.phases) == {"plan", "build_groups", "execute", "rebuild", "other"}
         assert m.bytes_moved > 0 and m.bytes_checkpoint > m.bytes_moved
+        # the pause runs from the old layout's last commit to the new one's first: it holds the transfer
+        assert m.pause_s is not None and m.pause_s >= m.phases["execute"]
+    assert sorted(o.pause_s for o in oks) == sorted(m.pause_s for m in migs)
     reqs = store.list_requests(job.id)
     assert [r.status for r in reqs] == ["done", "done"]
     nodes = {n.name: n.state for n in store.list_nodes(job.id)}
