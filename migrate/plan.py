@@ -31,6 +31,10 @@ class MigrationPlan:
     nodes_released: tuple[str, ...]
     notes: tuple[str, ...] = ()
     plan_ms: float = field(default=0.0, compare=False)
+    bytes_lower_bound: int = 0  # no placement under the node (and placement) rule moves less
+    bytes_lower_bound_no_rule: int = 0  # no placement at all moves less: TP groups anywhere
+    optimal: bool = False  # proven: no placement under the node rule (and placement rule) moves less
+    placement_rule: str = "packed"
 
     # -- derived figures ------------------------------------------------------------------------
     @property
@@ -84,6 +88,10 @@ class MigrationPlan:
             "pairs": [list(p) for p in self.pairs],
             "placement": self.placement(),
             "bytes_moved": self.bytes_moved,
+            "bytes_lower_bound": self.bytes_lower_bound,
+            "bytes_lower_bound_no_rule": self.bytes_lower_bound_no_rule,
+            "optimal": self.optimal,
+            "placement_rule": self.placement_rule,
             "bytes_state_total": self.bytes_state_total,
             "bytes_checkpoint": self.bytes_checkpoint,
             "max_device_send_bytes": self.max_device_send_bytes,
@@ -101,7 +109,7 @@ class MigrationPlan:
                       ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "dtype", "optimizer")},
             "prev_devices": list(self.prev.devices), "curr_devices": list(self.curr.devices),
             "topology": {"devices": [[x.node, x.gpu] for x in self.topology.devices],
-                         "pinned": sorted(self.topology.pinned)},
+                         "pinned": sorted(self.topology.pinned), "tp_domain": self.topology.tp_domain},
             "failed": list(self.failed), "units": self.units,
             "instructions": [i.to_dict() for i in self.instructions],
         })
@@ -115,7 +123,7 @@ class MigrationPlan:
         from migrate.topology import Device
 
         topo = Topology(tuple(Device(i, n, g) for i, (n, g) in enumerate(d["topology"]["devices"])),
-                        frozenset(d["topology"]["pinned"]))
+                        frozenset(d["topology"]["pinned"]), d["topology"].get("tp_domain"))
         return cls(
             model=ModelSpec(**d["model"]),
             prev=RankMap(ParallelConfig.parse(d["from"]), tuple(d["prev_devices"])),
@@ -123,13 +131,20 @@ class MigrationPlan:
             topology=topo, failed=tuple(d["failed"]), units=d["units"],
             instructions=tuple(Instruction.from_dict(i) for i in d["instructions"]),
             bytes_state_total=d["bytes_state_total"], nodes_released=tuple(d["nodes_released"]),
-            notes=tuple(d["notes"]), plan_ms=d["plan_ms"],
+            notes=tuple(d["notes"]), plan_ms=d["plan_ms"], bytes_lower_bound=d.get("bytes_lower_bound", 0),
+            bytes_lower_bound_no_rule=d.get("bytes_lower_bound_no_rule", 0),
+            optimal=d.get("optimal", False), placement_rule=d.get("placement_rule", "packed"),
         )
 
 
 def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig, topology: Topology,
-         failed: frozenset[int] | set[int] = frozenset(), tp_in_node: bool = True) -> MigrationPlan:
-    """Plan the move of `model`'s state from `prev` (a layout on devices) to `curr` on `topology`."""
+         failed: frozenset[int] | set[int] = frozenset(), tp_in_node: bool = True,
+         placement: str = "packed") -> MigrationPlan:
+    """Plan the move of `model`'s state from `prev` (a layout on devices) to `curr` on `topology`.
+
+    `tp_in_node=False` drops the node rule (tests and what-ifs); `placement="resilient"` keeps
+    the DP replicas of every stage off any single node (see migrate.allocator).
+    """
     t0 = time.perf_counter()
     prev_map = prev if isinstance(prev, RankMap) else RankMap.identity(prev)
     prev_cfg = prev_map.layout
@@ -157,20 +172,23 @@ def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig,
         if dev not in failed:
             device_kind[dev] = kind
 
-    placement = Allocator(curr, cost, device_kind, topology, tp_in_node).place()
+    need = cost[:, -1]
+    placed = Allocator(curr, need[:, None] - cost, device_kind, topology, tp_in_node, placement).place()
+    need_total = int(need.sum()) * curr.dp
     builder = InstructionBuilder(prev_cfg, model.layers, units, bm, model.state_kinds, holders, failed_holders)
-    for rank, dev in enumerate(placement.devices):
+    for rank, dev in enumerate(placed.devices):
         pp, _dp, tp = curr.coords(rank)
         kind = device_kind[dev]
         builder.add_rank(dev, curr_ws[pp * curr.tp + tp], None if kind == empty_kind else prev_ws[kind])
     instructions = builder.build()
 
     used_before = {topology.devices[d].node for d in prev_map.devices if d not in failed}
-    used_after = {topology.devices[d].node for d in placement.devices}
+    used_after = {topology.devices[d].node for d in placed.devices}
     released = tuple(n for n in topology.nodes if n in used_before - used_after and n not in topology.pinned)
-    return MigrationPlan(model, prev_map, RankMap(curr, placement.devices), topology, tuple(sorted(failed)), units,
-                         tuple(instructions), model.state_bytes, released, placement.notes,
-                         (time.perf_counter() - t0) * 1000)
+    return MigrationPlan(model, prev_map, RankMap(curr, placed.devices), topology, tuple(sorted(failed)), units,
+                         tuple(instructions), model.state_bytes, released, placed.notes,
+                         (time.perf_counter() - t0) * 1000, need_total - placed.rule_bound,
+                         need_total - placed.upper_bound, placed.optimal, placement)
 
 
 def _check_devices(prev: RankMap, topology: Topology, failed: frozenset[int] | set[int]) -> None:

@@ -35,7 +35,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--from", dest="prev", required=True, metavar="LAYOUT", help="old layout, e.g. pp4tp2dp1")
     p.add_argument("--to", dest="curr", required=True, metavar="LAYOUT", help="new layout, e.g. pp6tp4dp1")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8); node 0 is pinned")
+    p.add_argument("--gpus-per-node", default="8", metavar="N[,N...]",
+                   help="GPUs per node (default 8), or one count per node for uneven nodes, e.g. 4,4,2,2 "
+                        "(then exactly those nodes); node 0 is pinned")
+    p.add_argument("--tp-domain", type=int, default=None, metavar="K",
+                   help="NVLink islands of K GPUs inside a node: a TP group that fits stays inside one island "
+                        "(default: the whole node is one domain, any subset of its GPUs will do)")
+    p.add_argument("--placement", choices=["resilient", "packed"], default="resilient",
+                   help="resilient (default): with dp >= 2 the replicas of every PP stage sit on different nodes, "
+                        "so losing one node leaves a full replica (gradient all-reduce then crosses nodes); "
+                        "packed: fewest bytes and nodes only")
     p.add_argument("--failed", default="", metavar="IDS", help="comma-separated failed device ids, e.g. 3,5")
     p.add_argument("--json", action="store_true", help="print one JSON object (with every instruction)")
 
@@ -47,18 +56,30 @@ def _parse_failed(text: str) -> frozenset[int]:
         raise UsageError(f"--failed takes comma-separated device ids like 3,5, got {text!r}") from None
 
 
+def parse_node_sizes(text: str) -> list[int]:
+    """`8` or `4,4,2,2` -> GPU counts; a clear error for anything else."""
+    try:
+        sizes = [int(x) for x in str(text).split(",")]
+    except ValueError:
+        raise UsageError(f"--gpus-per-node takes a count or counts per node like 4,4,2,2, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise UsageError(f"--gpus-per-node must be at least 1 per node, got {text!r}")
+    return sizes
+
+
 def run(args: argparse.Namespace) -> int:
     from migrate import LayoutError, ParallelConfig, Topology, plan
 
     model = model_from_args(args)
+    sizes = parse_node_sizes(args.gpus_per_node)
     try:
         prev, curr = ParallelConfig.parse(args.prev), ParallelConfig.parse(args.curr)
-        if args.gpus_per_node < 1:
-            raise LayoutError(f"--gpus-per-node must be at least 1, got {args.gpus_per_node}")
         failed = _parse_failed(args.failed)
-        # enough nodes for both layouts, with spares standing in for failed devices
-        nodes = math.ceil((max(prev.world_size, curr.world_size) + len(failed)) / args.gpus_per_node)
-        result = plan(model, prev, curr, Topology.grid(nodes, args.gpus_per_node), failed)
+        if len(sizes) == 1:
+            # enough nodes for both layouts, with spares standing in for failed devices
+            sizes *= math.ceil((max(prev.world_size, curr.world_size) + len(failed)) / sizes[0])
+        topo = Topology.of_nodes(sizes, tp_domain=args.tp_domain)
+        result = plan(model, prev, curr, topo, failed, placement=args.placement)
     except LayoutError as exc:
         raise UsageError(str(exc)) from None
     print(result.to_json() if args.json else render(result))
@@ -83,10 +104,14 @@ def render(p) -> str:
     lines += ["",
               f"bytes moved       {human_bytes(s['bytes_moved'])}  ({pct:.1f}% of a checkpoint round trip, "
               f"{human_bytes(s['bytes_checkpoint'])})",
+              f"lower bound       {human_bytes(s['bytes_lower_bound'])} under the node rule"
+              f"{' (this plan is optimal)' if s['optimal'] else ''}; {human_bytes(s['bytes_lower_bound_no_rule'])} "
+              f"with TP groups anywhere",
               f"one full replica  {human_bytes(s['bytes_state_total'])}",
               f"busiest device    sends {human_bytes(s['max_device_send_bytes'])}, receives {human_bytes(s['max_device_recv_bytes'])}",
               f"instructions      {s['instruction_counts']['send']} send / {s['instruction_counts']['recv']} recv / "
               f"{s['instruction_counts']['refer']} refer",
-              f"nodes released    {', '.join(s['nodes_released']) or 'none'}"]
+              f"nodes released    {', '.join(s['nodes_released']) or 'none'}",
+              f"placement         {s['placement_rule']}"]
     lines += [f"note: {n}" for n in s["notes"]]
     return "\n".join(lines)
