@@ -1,0 +1,460 @@
+"""The control loop of one job: it watches the workers, requests and signals, and decides what each trigger does.
+
+It hosts the control plane (launcher.control), starts one set of workers per node through its
+node backend (launcher.backends), then turns every trigger -- an admin request
+(launcher.admin), USR1, a worker that dies -- into a decision: which nodes the job should run
+on. Carrying a decision out is one `launcher.transaction.Transaction` (plan, record, publish,
+commit or veto, release, record), the same for every trigger.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from launcher import admin
+from launcher import control as C
+from launcher.backends import AcquireFailed, CannotAcquire, NodeBackend, NodeHandle, Reporter
+from launcher.options import Options, default_checkpoint_dir
+from launcher.pause import PendingPauses
+from launcher.transaction import MigrationFailed, Outcome, Transaction
+
+
+def grow_choice(active: Sequence[str], alloc: Sequence[str], gone: set[str] | frozenset[str],
+                want: int) -> tuple[list[str], int]:
+    """How to reach `want` nodes: (idle nodes of the allocation to start workers on, how many more
+    nodes the backend must acquire). Released nodes (`gone`) never come back to the allocation."""
+    idle = [x for x in alloc if x not in set(active) and x not in gone]
+    more = max(want - len(active), 0)
+    take = idle[:more]
+    return take, more - len(take)
+
+
+class Launcher:
+    """The control loop: one instance per job, in the batch step (or in `elastic demo`)."""
+
+    def __init__(self, opts: Options, backend: NodeBackend, store, *, slurm_job_id: str | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        from migrate.topology import Topology
+
+        self.opts, self.backend, self.db = opts, backend, store
+        self.gpn = opts.gpus_per_node
+        self.alloc = backend.allocation()
+        self.topology = Topology.grid(len(self.alloc), self.gpn, names=self.alloc, pinned=(backend.batch_node,))
+        self.index = {n: i for i, n in enumerate(self.alloc)}
+        self.slurm_job_id = slurm_job_id
+        self.log = log or (lambda m: print(f"[elastic-launch] {m}", file=sys.stderr, flush=True))
+        self.reporter = Reporter(self.log, lambda action, text: self.db.audit("elastic-launch", action,
+                                                                              f"job:{self.job_id}", text))
+        self.ctl: C.Control | None = None
+        self.handles: dict[str, NodeHandle] = {}
+        self.epoch = -1  # last posted event
+        self.current = None  # migrate.RankMap of the running layout
+        self.model = None
+        self.job_id: int | None = None
+        self.signalled = False
+        self.outcomes: list[Outcome] = []
+        self.stopped = False
+        self.suspended = False
+        self.world = "w0"  # the process-group world the current layout trains in
+        self.pauses = PendingPauses()  # migrations whose pause is known once the new layout commits a step
+        self.epoch_base = 0  # database epochs of a resumed job continue after its earlier ones
+        self.loss_step = 0  # the last step whose loss is in the database
+        self.ckpt_dir = str(Path(opts.checkpoint_dir or default_checkpoint_dir(store.url if store else None,
+                                                                               opts.job_name)).resolve())
+
+    # -- what the job holds ---------------------------------------------------------------------------
+    def node_devices(self, node: str) -> list[int]:
+        return self.topology.node_devices(node)
+
+    @property
+    def active(self) -> list[str]:
+        return [n for n in self.alloc if n in self.handles]
+
+    @property
+    def gone(self) -> set[str]:
+        """Nodes given back that the backend never returns (Slurm's released nodes)."""
+        if self.db is None or self.job_id is None or self.backend.released_nodes_return:
+            return set()
+        return {n.name for n in self.db.list_nodes(self.job_id) if n.state in ("released", "failed")}
+
+    def max_step(self) -> int:
+        devs = list(self.current.devices) if self.current else []
+        return max(self.ctl.steps(devs).values(), default=0)
+
+    def entries(self, rank_map) -> list[dict]:
+        """The rank map as database rows."""
+        out = []
+        for r, d in enumerate(rank_map.devices):
+            pp, dp, tp = rank_map.layout.coords(r)
+            dev = self.topology.devices[d]
+            out.append({"virtual_rank": r, "node": dev.node, "gpu": dev.gpu, "pp": pp, "dp": dp, "tp": tp})
+        return out
+
+    def choose(self, devices: int):
+        from launcher.policy import choose_layout
+
+        return choose_layout(devices, self.gpn, self.opts.layouts, self.model)
+
+    def launch_spec(self) -> dict:
+        """What the dashboard's dry run of a preempt needs without importing the launcher: the model,
+        the node range, and the layout this job's policy picks for every node count in it."""
+        from migrate.layout import LayoutError
+
+        layouts = {}
+        for n in range(self.opts.min_nodes, self.opts.max_nodes + 1):
+            try:
+                layouts[str(n * self.gpn)] = str(self.choose(n * self.gpn))
+            except LayoutError:
+                continue
+        return {"model": self.ctl.model(), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
+                "gpus_per_node": self.gpn, "layouts": layouts}
+
+    def record_loss(self) -> None:
+        """Copy the latest step the workers reported (loss, layout) into the database, once per step."""
+        rep = self.ctl.loss()
+        if rep and rep["step"] != self.loss_step:  # a restore from a checkpoint goes back
+            self.loss_step = rep["step"]
+            self.db.record_step(self.job_id, rep["step"], rep["loss"], rep["layout"])
+
+    # -- the workers ----------------------------------------------------------------------------------
+    def base_env(self, first_event: int) -> dict[str, str]:
+        return {C.ENV_STORE: f"{self.opts.master_addr}:{self.ctl.port}", C.ENV_GPUS_PER_NODE: str(self.gpn),
+                C.ENV_FIRST_EVENT: str(first_event), "MASTER_ADDR": self.opts.master_addr,
+                "MASTER_PORT": str(self.ctl.port), "PYTHONUNBUFFERED": "1",
+                C.ENV_CKPT_DIR: self.ckpt_dir, C.ENV_CKPT_EVERY: str(self.opts.checkpoint_every)}
+
+    def start_nodes(self, nodes: list[str], first_event: int) -> None:
+        for n in nodes:
+            for d in self.node_devices(n):  # registrations of earlier workers of this node (a grow after a shrink)
+                self.ctl.store.delete_key(f"ready/{d}")
+            self.log(f"starting workers on {n}")
+            self.handles[n] = self.backend.start(n, self.index[n], self.base_env(first_event), self.opts.command)
+
+    def wait_ready(self, nodes: list[str], timeout: float | None = None, note: str = "") -> None:
+        devs = [d for n in nodes for d in self.node_devices(n)]
+        timeout = self.opts.ready_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = self.ctl.ready(devs)
+            if len(ready) == len(devs) and self.ctl.model() is not None:
+                return
+            for n in nodes:
+                bad = {d: rc for d, rc in self.handles[n].exited().items() if d not in ready}
+                if bad:
+                    raise MigrationFailed(f"workers on {n}{note} exited before registering (exit codes {bad}); "
+                                          "see their output")
+            if time.monotonic() > deadline:
+                raise MigrationFailed(f"workers {sorted(set(devs) - set(ready))}{note} did not register within "
+                                      f"{timeout:.0f} s")
+            time.sleep(0.1)
+
+    def wait_results(self, e: int, participants: list[int]) -> dict[int, dict]:
+        """Every participant's result of event `e`; vetoes the commit when one dies or time runs out."""
+        deadline = time.monotonic() + self.opts.migrate_timeout
+        while True:
+            res = self.ctl.results(e, participants)
+            if len(res) == len(participants):
+                return res
+            dead = {d: rc for d, rc in self.dead(all_codes=True).items() if d in participants and d not in res}
+            if dead:  # a worker that reported, then exited, between the two reads is not dead
+                dead = {d: rc for d, rc in dead.items() if not self.ctl.results(e, [d])}
+            late = time.monotonic() > deadline
+            if (dead or late) and self.ctl.veto(f"ev/{e}/commit"):
+                # every participant had voted yes already: the new layout stands
+                return self._results_after_commit(e, participants, dead, deadline)
+            if dead:
+                raise MigrationFailed(f"workers {sorted(dead)} exited during the migration (exit codes "
+                                      f"{sorted(set(dead.values()))}); old layout kept")
+            if late:
+                raise MigrationFailed(f"no result from devices {sorted(set(participants) - set(res))} within "
+                                      f"{self.opts.migrate_timeout:.0f} s")
+            time.sleep(0.05)
+
+    def _results_after_commit(self, e: int, participants: list[int], dead: dict[int, int],
+                              deadline: float) -> dict[int, dict]:
+        self.ctl.abort_world(f"w{e}")  # survivors stop waiting for the dead to join it
+        alive = [d for d in participants if d not in dead]
+        while len(self.ctl.results(e, alive)) < len(alive) and time.monotonic() < deadline + 60:
+            time.sleep(0.05)
+        self.log(f"workers {sorted(dead)} died after the migration committed; new layout kept")
+        return self.ctl.results(e, alive)
+
+    @staticmethod
+    def check_results(results: dict[int, dict]) -> dict[int, dict]:
+        """Raise MigrationFailed with the first worker error among `results`."""
+        bad = [r.get("error") for r in results.values() if not r.get("ok")]
+        if bad:
+            raise MigrationFailed(bad[0])
+        return results
+
+    def dead(self, all_codes: bool = False) -> dict[int, int]:
+        """device -> exit code of workers that ended (with an error, unless all_codes)."""
+        return {d: rc for h in self.handles.values() for d, rc in h.exited().items() if all_codes or rc != 0}
+
+    def reap(self, node: str, timeout: float = 60.0) -> None:
+        """Let the workers of `node` exit on their own, then kill what is left."""
+        h = self.handles.pop(node, None)
+        if h is not None and not self.backend.stop(h, timeout):
+            self.log(f"workers on {node} did not exit within {timeout:.0f} s; killed them")
+
+    def resume_old(self, failed: Sequence[int]) -> None:
+        """A migration did not commit: every participant kept its old state. When no worker of the old
+        layout died, they train on again in a fresh world (event `resume`); otherwise the dead workers
+        are found by the next poll and recovered from (on_failure)."""
+        if failed or self.dead():
+            return
+        self.epoch += 1
+        self.world = f"w{self.epoch}"
+        self.ctl.post({"epoch": self.epoch, "kind": "resume", "layout": str(self.current.layout),
+                       "devices": list(self.current.devices)})
+        self.log(f"event {self.epoch}: resume {self.current.layout} on its old devices")
+
+    # -- start ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Host the control plane, start the workers on the first nodes, post the first layout."""
+        from launcher.resume import continue_job, resume_point
+        from migrate.layout import ModelSpec
+        from migrate.topology import RankMap
+
+        self.ctl = C.Control("0.0.0.0" if self.opts.master_addr not in ("127.0.0.1", "localhost") else "127.0.0.1",
+                             self.opts.master_port, server=True)
+        self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port}; {self.backend.describe()}")
+        nodes = self.alloc[:self.opts.max_nodes]
+        self.start_nodes(nodes, 0)
+        self.wait_ready(nodes)
+        self.model = ModelSpec(**{k: v for k, v in self.ctl.model().items()})
+        layout = self.choose(len(nodes) * self.gpn)
+        devices = tuple(d for n in nodes for d in self.node_devices(n))[:layout.world_size]
+        self.current = RankMap(layout, devices)
+        self.epoch = 0
+        job, path, requests = resume_point(self)
+        ev = {"epoch": 0, "kind": "start", "layout": str(layout), "devices": list(devices)}
+        if path:
+            ev["checkpoint"] = path
+        self.ctl.post(ev)
+        if job is None:
+            self.job_id = self.db.create_job(self.opts.job_name, str(layout), self.gpn,
+                                             self.opts.max_nodes * self.gpn, slurm_job_id=self.slurm_job_id,
+                                             pinned_node=self.backend.batch_node, nodes=nodes)
+        else:  # the same job goes on: its history, requests and epochs continue
+            self.job_id = job.id
+            continue_job(self, job, nodes)
+        self.db.set_launch_spec(self.job_id, self.launch_spec())
+        self.db.record_rank_map(self.job_id, self.epoch_base, str(layout), self.entries(self.current))
+        self.log(f"job {self.job_id}: {layout} on {len(devices)} devices of {','.join(nodes)}")
+        if path:
+            from launcher.resume import finish_resume
+
+            finish_resume(self, path, requests)
+
+    # -- decisions: which nodes next ------------------------------------------------------------------
+    def migrate_to(self, target: list[str], trigger: str, failed: Sequence[int] = (),
+                   ready_timeout: float | None = None, note: str = "") -> Outcome:
+        """Move the job onto the nodes `target` (pinned node included) with the next layout."""
+        return Transaction(self, trigger).move(target, failed, ready_timeout, note)
+
+    def shrink_to(self, n: int, trigger: str) -> Outcome:
+        n = max(n, self.opts.min_nodes)
+        return self.migrate_to(self._keep_order()[:n], trigger)
+
+    def _keep_order(self) -> list[str]:
+        """Active nodes, the pinned batch node first, then in the backend's order (NodeBackend.keep_rank:
+        e.g. a job's own nodes before a companion job's), then those running most ranks."""
+        used: dict[str, int] = {}
+        for d in self.current.devices:
+            node = self.topology.devices[d].node
+            used[node] = used.get(node, 0) + 1
+        return sorted(self.active, key=lambda n: (n != self.backend.batch_node, self.backend.keep_rank(n),
+                                                  -used.get(n, 0), self.index[n]))
+
+    def grow_to(self, n: int, trigger: str) -> Outcome:
+        n = min(n, self.opts.max_nodes)
+        take, missing = grow_choice(self.active, self.alloc, self.gone, n)
+        if not missing:
+            return self.migrate_to(self.active + take, trigger)
+        got = self._acquire(missing, n, trigger, len(take))
+        if isinstance(got, Outcome):
+            return got
+        extra = list(got.nodes)
+        out = self.migrate_to(self.active + take + extra, trigger,
+                              ready_timeout=max(got.deadline - time.monotonic(), 30.0), note=f" ({got.label})")
+        on_it = {self.topology.devices[d].node for d in self.current.devices} & set(extra)
+        if not out.ok and not on_it:  # the grow did not happen: give the acquired nodes back
+            for x in extra:
+                h = self.handles.pop(x, None)
+                if h is not None:
+                    h.kill()
+            self.backend.abandon(got, f"the grow failed: {out.message}", self.reporter)
+            for x in extra:
+                self.db.set_node_state(self.job_id, x, "released")
+            out.message = f"{out.message} ({got.label} cancelled)"
+        return out
+
+    def _acquire(self, count: int, want: int, trigger: str, idle: int):
+        """Ask the backend for `count` more nodes (NodeBackend.acquire) and add them to the topology.
+        Returns the Acquired nodes, or the failed Outcome (recorded as a failed migration when the
+        backend tried and failed)."""
+        from migrate.layout import LayoutError
+        from migrate.topology import Device, Topology
+
+        exclude = [x for x in self.alloc if x not in self.gone]  # nodes held now: new ones must be others
+        try:
+            got = self.backend.acquire(count, job_name=self.opts.job_name, exclude=exclude,
+                                       timeout=self.opts.companion_timeout, report=self.reporter)
+        except CannotAcquire as exc:
+            return Transaction(self, trigger).decline(f"only {idle} idle node(s) left in the allocation; {exc}")
+        except AcquireFailed as exc:
+            try:
+                to_layout = str(self.choose(want * self.gpn))
+            except LayoutError:
+                to_layout = "?"
+            return Transaction(self, trigger).refuse(str(exc), to_layout, {"nodes_requested": count})
+        new = [x for x in got.nodes if x not in self.index]
+        if new:
+            base = len(self.topology.devices)
+            devices = tuple(Device(base + i * self.gpn + g, x, g) for i, x in enumerate(new) for g in range(self.gpn))
+            self.topology = Topology(self.topology.devices + devices, self.topology.pinned)
+            for x in new:
+                self.index[x] = len(self.alloc)
+                self.alloc.append(x)
+        for x in got.nodes:
+            self.db.set_node_state(self.job_id, x, "idle")  # held again (a released name may come back)
+        return got
+
+    def preempt(self, nodes: list[str], trigger: str) -> Outcome:
+        if self.backend.batch_node in nodes:
+            return Transaction(self, trigger).decline(
+                f"{self.backend.batch_node} runs the batch step and cannot be given back")
+        return self.migrate_to([n for n in self.active if n not in nodes], trigger)
+
+    def handle_request(self, req) -> None:
+        admin.handle_request(self, req)
+
+    def on_failure(self, dead: dict[int, int]) -> Outcome:
+        """Workers died: re-plan from the surviving replicas onto the nodes still whole."""
+        self.log(f"workers {sorted(dead)} died (exit codes {sorted(set(dead.values()))})")
+        dead_nodes = sorted({self.topology.devices[d].node for d in dead})
+        for n in dead_nodes:
+            h = self.handles.pop(n, None)
+            if h is not None:
+                h.kill()
+            self.db.set_node_state(self.job_id, n, "failed")
+        failed = [d for d in self.current.devices if self.topology.devices[d].node in dead_nodes]
+        keep = [n for n in self.active if n not in dead_nodes]
+        if not keep:
+            return Transaction(self, "failure").refuse("no node left")
+        if self.opts.checkpoint_every and self._state_lost(failed):
+            found = C.latest_checkpoint(self.ckpt_dir)
+            if found:
+                return self.restore(keep, *found)
+            self.log(f"no complete safety checkpoint in {self.ckpt_dir} yet")
+        return self.migrate_to(keep, "failure", failed=failed)
+
+    def _state_lost(self, failed: Sequence[int]) -> bool:
+        """True when some (pp, tp) slice of the state has no surviving DP replica."""
+        lay = self.current.layout
+        need = {(pp, tp) for pp, _dp, tp in map(lay.coords, range(lay.world_size))}
+        have = {(lay.coords(r)[0], lay.coords(r)[2]) for r, d in enumerate(self.current.devices) if d not in failed}
+        return bool(need - have)
+
+    def restore(self, keep: list[str], path: str, step: int) -> Outcome:
+        """Restart the workers on the nodes `keep` from the safety checkpoint of `step`."""
+        return Transaction(self, "failure").restore(keep, path, step)
+
+    # -- the end ------------------------------------------------------------------------------------
+    def stop(self, suspend: bool = False) -> None:
+        """Stop every worker at one step boundary (suspend=True: write the state first, see suspend)."""
+        if suspend:
+            self.suspend("signal")
+            return
+        self.epoch += 1
+        self.ctl.post({"epoch": self.epoch, "kind": "stop"})
+        self.finish_all("finished", timeout=120)
+
+    def suspend(self, trigger: str) -> Outcome:
+        """The last devices must go: every training worker writes its part of the state at one agreed step
+        boundary into the checkpoint folder, then all exit; the job is recorded as suspended there."""
+        from launcher.resume import suspend
+
+        return suspend(self, trigger)
+
+    def finish_all(self, state: str | None, timeout: float) -> None:
+        """Every worker ends (standby ones on a stop event); the job is recorded in `state` (None: left as is)."""
+        for n in list(self.handles):
+            self.reap(n, timeout=timeout)
+        self.pauses.settle(self.ctl, self.db, self.log)
+        self.stopped = True
+        if state is not None:
+            self.db.set_job_state(self.job_id, state)
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def poll_once(self) -> bool:
+        """One round of checks; False once the job is over."""
+        self.pauses.settle(self.ctl, self.db, self.log)
+        exited = {d: rc for h in self.handles.values() for d, rc in h.exited().items()}
+        layout_devs = set(self.current.devices)
+        if exited and any(rc != 0 for rc in exited.values()):
+            return self._recover({d: rc for d, rc in exited.items() if rc != 0})
+        if layout_devs and layout_devs <= set(exited):  # the workers finished on their own (--steps)
+            self.log("workers finished")
+            self.epoch += 1
+            self.ctl.post({"epoch": self.epoch, "kind": "stop"})  # standby workers
+            self.finish_all("finished", timeout=30)
+            return False
+        if self.signalled:
+            self.signalled = False
+            if self.opts.on_signal == "shrink":
+                if len(self.active) > self.opts.min_nodes:
+                    self.shrink_to(self.opts.min_nodes, "signal")
+            elif self.opts.on_signal == "suspend":
+                self.log("USR1: suspending")
+                self.suspend("signal")
+                return False
+        self.record_loss()
+        for req in self.db.pending_requests(self.job_id):
+            self.handle_request(req)
+            if self.stopped:
+                return False
+        return True
+
+    def _recover(self, dead: dict[int, int]) -> bool:
+        """Workers died: recover (on_failure), or stop the job when nothing can be recovered."""
+        self.ctl.abort_world(self.world)  # survivors abandon the step in flight at once
+        out = self.on_failure(dead)
+        if out.ok:
+            return True
+        self.log(f"cannot recover: {out.message}; stopping the job")
+        for n in list(self.handles):
+            self.handles.pop(n).kill()
+        self.stopped = True
+        self.db.set_job_state(self.job_id, "failed")
+        return False
+
+    def run(self, until: Callable[["Launcher"], bool] | None = None) -> int:
+        """Start, then loop until the workers finish, a stop, or `until(self)` says so."""
+        old = signal.signal(signal.SIGUSR1, self._on_usr1)
+        old_term = signal.signal(signal.SIGTERM, self._on_term)
+        try:
+            self.start()
+            while self.poll_once():
+                if until is not None and until(self):
+                    self.stop()
+                    break
+                time.sleep(self.opts.poll)
+            return 0 if self.db.get_job(self.job_id).state in ("finished", "suspended") else 1
+        finally:
+            signal.signal(signal.SIGUSR1, old)
+            signal.signal(signal.SIGTERM, old_term)
+            for h in self.handles.values():
+                h.kill()
+            self.backend.close(self.reporter)
+
+    def _on_usr1(self, _sig, _frame) -> None:
+        self.log("SIGUSR1 received")
+        self.signalled = True
+
+    def _on_term(self, _sig, _frame) -> None:
+        raise KeyboardInterrupt

@@ -1,0 +1,187 @@
+"""elastic-launch's command line: the flags, and the checked `Options` a job runs with.
+
+Every check that can fail on the user's input happens here, before anything starts: a bad flag is
+a UsageError (one line on stderr, exit code 2).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import UsageError
+
+SIGNAL_ACTIONS = ("shrink", "suspend", "ignore")
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """torchrun's `--nnodes`: N or MIN:MAX."""
+    try:
+        lo, sep, hi = text.partition(":")
+        lo_n, hi_n = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise UsageError(f"--nnodes {text!r}: write N or MIN:MAX, e.g. 2:4") from None
+    if lo_n < 1 or hi_n < lo_n:
+        raise UsageError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
+    return lo_n, hi_n
+
+
+def parse_layouts(text: str | None):
+    from migrate.layout import LayoutError, ParallelConfig
+
+    if not text:
+        return []
+    try:
+        return [ParallelConfig.parse(t) for t in text.split(",") if t.strip()]
+    except LayoutError as exc:
+        raise UsageError(f"--layouts: {exc}") from None
+
+
+def model_from_command(argv: Sequence[str]):
+    """The ModelSpec when the command is the reference worker (so layouts are checked up front), else None."""
+    if "launcher.worker" not in argv:
+        return None
+    from launcher.worker import build_parser
+    from migrate.layout import LayoutError, ModelSpec
+
+    rest = list(argv[list(argv).index("launcher.worker") + 1:])
+    args, _unknown = build_parser().parse_known_args(rest)
+    try:
+        return ModelSpec(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq_len=args.seq_len)
+    except LayoutError as exc:
+        raise UsageError(f"worker model flags: {exc}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="elastic-launch",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run an elastic hybrid-parallel training job: start one worker per GPU with srun (or as local "
+                    "processes), move the model state directly between workers when nodes are taken away or given "
+                    "back, and record every rank map and migration in the database.",
+        epilog="Workers get torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, "
+               "MASTER_PORT) plus ELASTIC_VIRTUAL_RANK and ELASTIC_LAYOUT for every layout epoch.\n\n"
+               "Triggers: `elastic resize JOB --nodes N`, `elastic preempt JOB --nodes n3,n4`, dashboard requests, "
+               "SIGUSR1 (see --on-signal), a worker that dies.\n\n"
+               "Example (in an sbatch script):\n"
+               "  exec elastic-launch --nnodes 2:4 --gpus-per-node 4 --layouts pp4tp2,pp2tp4,pp2tp2 \\\n"
+               "      --db sqlite:///$HOME/elastic.db -- python -m launcher.worker --layers 24 --hidden 512",
+    )
+    p.add_argument("--nnodes", default="1", metavar="MIN:MAX",
+                   help="nodes to run on, N or MIN:MAX (torchrun's spelling); the job never shrinks below MIN "
+                        "(default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=None, metavar="G",
+                   help="GPUs (workers) per node (default: $SLURM_GPUS_ON_NODE, else 1)")
+    p.add_argument("--layouts", metavar="L1,L2,...",
+                   help="allowed layouts in order of preference, e.g. pp4tp2,pp2tp4,pp2tp2; for each device count "
+                        "the valid one using most devices wins. Default: any PP x TP x DP grid with TP inside a "
+                        "node, layers %% pp == 0 and heads %% tp == 0")
+    p.add_argument("--db", metavar="URL", default=None,
+                   help="SQLAlchemy URL or SQLite path where rank maps, migrations and requests live "
+                        "(default $ELASTIC_DB_URL or sqlite:///var/elastic.db)")
+    p.add_argument("--backend", choices=("auto", "slurm", "local"), default="auto",
+                   help="slurm: the running allocation ($SLURM_JOB_ID), through pyslurm when a matching one imports, "
+                        "else the Slurm commands; local: processes on this machine; auto (default): slurm inside "
+                        "a Slurm job, else local")
+    p.add_argument("--job-id", type=int, default=None,
+                   help="Slurm job to run in (default $SLURM_JOB_ID)")
+    p.add_argument("--local-nodes", type=int, default=None, metavar="N",
+                   help="local backend: simulated nodes (default MAX of --nnodes)")
+    p.add_argument("--job-name", default=None, help="name recorded in the database (default $SLURM_JOB_NAME or 'elastic')")
+    p.add_argument("--master-addr", default=None,
+                   help="address workers use to reach the control plane (default: this host's name; 127.0.0.1 "
+                        "for the local backend)")
+    p.add_argument("--master-port", type=int, default=0, help="control-plane port (default: a free port)")
+    p.add_argument("--on-signal", choices=SIGNAL_ACTIONS, default="shrink",
+                   help="what SIGUSR1 (Slurm's warning, #SBATCH --signal=B:USR1@60) does: shrink to MIN nodes, "
+                        "suspend (stop the workers at a step boundary, mark the job suspended), or ignore "
+                        "(default shrink)")
+    p.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR",
+                   help="where the job's checkpoints go (suspend, --checkpoint-every) and --resume reads them; "
+                        "every node must see it (default: checkpoints/<job name> next to a SQLite --db, else "
+                        "./var/checkpoints/<job name>)")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="write a safety checkpoint every N steps in the background (training pauses only for "
+                        "the in-memory copy); a failure that no DP replica covers restarts from it (default 0: never)")
+    p.add_argument("--resume", action="store_true",
+                   help="resume the suspended job of --job-name from its checkpoint (the database's, else the "
+                        "newest complete one in --checkpoint-dir) on whatever layout fits now, at the next step")
+    p.add_argument("--log-dir", type=Path, default=None, help="write worker output under this folder (default: inherit)")
+    p.add_argument("--poll", type=float, default=0.2, help="seconds between checks of workers and requests (default 0.2)")
+    p.add_argument("--ready-timeout", type=float, default=180.0,
+                   help="seconds new workers have to start and register (default 180)")
+    p.add_argument("--migrate-timeout", type=float, default=300.0,
+                   help="seconds a migration may take before it counts as failed (default 300)")
+    p.add_argument("--companion-timeout", type=float, default=120.0,
+                   help="Slurm: growing beyond the nodes the job holds submits a companion job (same partition, "
+                        "GPUs and tasks per node) whose steps run the new workers; it has this many seconds to "
+                        "start (and its workers to register) or it is cancelled and the grow fails (default 120)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the srun and scontrol commands it would run and exit; starts and writes nothing")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="the worker program, e.g. `-- python -m launcher.worker --layers 24 --hidden 512`")
+    return p
+
+
+@dataclass
+class Options:
+    min_nodes: int
+    max_nodes: int
+    gpus_per_node: int
+    layouts: list
+    command: list[str]
+    db_url: str | None = None
+    on_signal: str = "shrink"
+    job_name: str = "elastic"
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    poll: float = 0.2
+    ready_timeout: float = 180.0
+    migrate_timeout: float = 300.0
+    companion_timeout: float = 120.0
+    model: object = None
+    trigger_default: str = "resize"
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("give the worker command after `--`, e.g. -- python -m launcher.worker --layers 8")
+    lo, hi = parse_nnodes(args.nnodes)
+    gpn = args.gpus_per_node
+    if gpn is None:
+        gpn = int(os.environ.get("SLURM_GPUS_ON_NODE", "1") or 1)
+    if gpn < 1:
+        raise UsageError(f"--gpus-per-node must be at least 1, got {gpn}")
+    layouts = parse_layouts(args.layouts)
+    model = model_from_command(command)
+    if args.companion_timeout <= 0:
+        raise UsageError(f"--companion-timeout must be a positive number of seconds, got {args.companion_timeout}")
+    if args.checkpoint_every < 0:
+        raise UsageError(f"--checkpoint-every must be 0 (off) or a number of steps, got {args.checkpoint_every}")
+    from launcher.policy import NoLayoutError, check_node_range
+
+    try:
+        check_node_range(lo, hi, gpn, layouts, model)
+    except NoLayoutError as exc:
+        raise UsageError(f"--layouts/--nnodes: {exc}") from None
+    return Options(lo, hi, gpn, layouts, command, db_url=args.db, on_signal=args.on_signal,
+                   job_name=args.job_name or os.environ.get("SLURM_JOB_NAME") or "elastic",
+                   master_addr=args.master_addr or "127.0.0.1", master_port=args.master_port, poll=args.poll,
+                   ready_timeout=args.ready_timeout, migrate_timeout=args.migrate_timeout,
+                   companion_timeout=args.companion_timeout, model=model,
+                   checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume)
+
+
+def default_checkpoint_dir(db_url: str | None, job_name: str) -> Path:
+    """checkpoints/<job> next to a SQLite database file, else ./var/checkpoints/<job>."""
+    if db_url and db_url.startswith("sqlite:///") and len(db_url) > len("sqlite:///"):
+        return Path(db_url[len("sqlite:///"):]).parent / "checkpoints" / job_name
+    return Path("var") / "checkpoints" / job_name
