@@ -14,7 +14,7 @@ from dashboard.deps import is_htmx, store
 from db.exports import write_csv
 from db.filters import MAX_LIMIT, parse_history_filters, parse_int
 from db.store import HISTORY_COLUMNS
-from db.vocab import MIGRATION_STATUSES, MIGRATION_TRIGGERS, SLA_TIERS
+from db.vocab import JOB_STATES, MAX_NAME, MIGRATION_STATUSES, MIGRATION_TRIGGERS, SLA_TIERS
 
 bp = Blueprint("views", __name__)
 #: The only query keys carried into links: never pass raw query args to url_for (`?_external=1`
@@ -25,10 +25,29 @@ PP_COLOURS = ["#bfdbfe", "#bbf7d0", "#fde68a", "#fecaca", "#ddd6fe", "#a5f3fc", 
 TP_COLOURS = ["#1d4ed8", "#b91c1c", "#047857", "#7c3aed", "#c2410c", "#0e7490", "#be185d", "#4d7c0f"]
 
 
+#: ?show= choices on the jobs page: active jobs unless finished ones are asked for
+JOB_VIEWS = {"active": ("running", "suspended", "stopped"), "all": None, **{st: (st,) for st in JOB_STATES}}
+JOBS_PAGE_SIZE = 50
+
+
 @bp.get("/")
 def jobs() -> str:
-    rows = store().jobs_overview()
-    return render_template("_jobs_table.html" if is_htmx() else "jobs.html", rows=rows, tiers=SLA_TIERS)
+    """One page of jobs, running first; the same few queries for any number of jobs."""
+    show = request.args.get("show", "active")
+    name = request.args.get("name", "").strip()
+    if show not in JOB_VIEWS:
+        abort(400, description=f"bad show {show[:40]!r}: expected one of {', '.join(JOB_VIEWS)}")
+    if len(name) > MAX_NAME:
+        abort(400, description=f"name filter too long (max {MAX_NAME} characters)")
+    try:
+        page = parse_int("page", request.args.get("page", "1"), 1, 10**6)
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    rows, total = store().jobs_page(JOB_VIEWS[show], name or None, JOBS_PAGE_SIZE, (page - 1) * JOBS_PAGE_SIZE)
+    args = {k: v for k, v in (("show", show), ("name", name)) if v and (k, v) != ("show", "active")}
+    ctx = {"rows": rows, "tiers": SLA_TIERS, "args": args, "page": page, "total": total, "show": show,
+           "name": name, "views": JOB_VIEWS, "pages": max(1, -(-total // JOBS_PAGE_SIZE))}
+    return render_template("_jobs_table.html" if is_htmx() else "jobs.html", **ctx)
 
 
 def _job_panels(job_id: int) -> dict[str, Any]:

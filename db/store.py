@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from db import placement as placement_mod
@@ -338,14 +338,7 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         nodes = self.list_nodes(job_id)
         entries = current.entries if current else ()
         names = {n.name for n in nodes} | {e.node for e in entries}
-        others: dict[tuple[str, int], str] = {}
-        for other in self.list_jobs():
-            if other.id == job_id or other.state not in ("running", "suspended"):
-                continue
-            om = self.current_rank_map(other.id)
-            for e in om.entries if om else ():
-                if e.node in names:
-                    others[(e.node, e.gpu)] = other.name
+        others = self._others_on(job_id, names)
         infos = [(n.name, n.state, n.pinned) for n in nodes]
         failed = [(n.name, g) for n in nodes for g, st in n.devices.items() if st == "failed"]
         return {
@@ -358,6 +351,22 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
             "pp_stages": len({e.pp for e in entries}),
             "tp_groups": len({(e.pp, e.dp) for e in entries}),
         }
+
+    def _others_on(self, job_id: int, nodes: set[str]) -> dict[tuple[str, int], str]:
+        """(node, gpu) -> name of another running/suspended job whose current rank map uses it: one query."""
+        if not nodes:
+            return {}
+        latest = (select(RankMapRow.job_id, func.max(RankMapRow.epoch).label("epoch"))
+                  .group_by(RankMapRow.job_id).subquery())
+        q = (select(RankEntryRow.node, RankEntryRow.gpu, JobRow.name)
+             .join(RankMapRow, RankMapRow.id == RankEntryRow.rank_map_id)
+             .join(latest, (latest.c.job_id == RankMapRow.job_id) & (latest.c.epoch == RankMapRow.epoch))
+             .join(JobRow, JobRow.id == RankMapRow.job_id)
+             .where(JobRow.id != job_id, JobRow.state.in_(("running", "suspended")),
+                    RankEntryRow.node.in_(sorted(nodes)))
+             .order_by(JobRow.id))
+        with self._tx() as s:
+            return {(node, gpu): name for node, gpu, name in s.execute(q)}
 
     def fragmentation(self, job_id: int) -> dict[str, Any]:
         """Current fragmentation summary: pass it to start_migration / finish_migration."""
@@ -505,29 +514,64 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
             return int(s.scalar(select(func.count()).select_from(q.subquery())) or 0)
 
     # ------------------------------------------------------------------ SLA
+    @staticmethod
+    def _sla_end(job: JobRow, now: datetime) -> datetime:
+        """Where a job's SLA clock stops: now, or when it ended."""
+        return min(now, job.updated_at) if job.state in ("finished", "failed", "stopped") else now
+
     def gpu_fraction_sla(self, job_id: int, now: datetime | None = None) -> float | None:
         """Ideal time / real time (see db.sla); None before the first rank map."""
         with self._tx() as s:
             job = self._job_row(s, job_id)
-            end = to_db(now) if now else self.now()
-            if job.state in ("finished", "failed", "stopped"):
-                end = min(end, job.updated_at)
-            counts = dict(s.execute(
-                select(RankMapRow.id, func.count(RankEntryRow.id))
-                .join(RankEntryRow, RankEntryRow.rank_map_id == RankMapRow.id, isouter=True)
-                .where(RankMapRow.job_id == job_id).group_by(RankMapRow.id)).all())
-            epochs = [(r.started_at, r.ended_at, int(counts.get(r.id, 0)))
-                      for r in s.scalars(select(RankMapRow).where(RankMapRow.job_id == job_id))]
-            migs = [(m.started_at, m.finished_at)
-                    for m in s.scalars(select(MigrationRow).where(MigrationRow.job_id == job_id))]
-            return gpu_fraction(epochs, migs, job.max_devices, end)
+            rows = self._overview_rows(s, [job], to_db(now) if now else self.now())
+            return rows[0]["sla"]
 
     def jobs_overview(self) -> list[dict[str, Any]]:
-        """One dict per job for the overview: job, devices held, SLA and its tier target."""
+        """One dict per job (all of them, by id) for the overview: job, devices held, SLA and its target."""
+        with self._tx() as s:
+            return self._overview_rows(s, list(s.scalars(select(JobRow).order_by(JobRow.id))), self.now())
+
+    def jobs_page(self, states: Sequence[str] | None = None, name: str | None = None, limit: int = 50,
+                  offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """One page of the overview and the number of matching jobs, in four queries whatever the page
+        size: running jobs first (then suspended, stopped, finished, failed), newest first within a state.
+
+        states: only these (None = all); name: jobs whose name contains this text."""
+        for state in states or ():
+            check("job state", state, JOB_STATES)
+        q = select(JobRow)
+        if states is not None:
+            q = q.where(JobRow.state.in_(list(states)))
+        if name:
+            q = q.where(JobRow.name.contains(name, autoescape=True))
+        rank = case({st: i for i, st in enumerate(JOB_STATES)}, value=JobRow.state, else_=len(JOB_STATES))
+        with self._tx() as s:
+            total = int(s.scalar(select(func.count()).select_from(q.subquery())) or 0)
+            jobs = list(s.scalars(q.order_by(rank, JobRow.id.desc()).limit(limit).offset(offset)))
+            return self._overview_rows(s, jobs, self.now()), total
+
+    def _overview_rows(self, s: Session, jobs: list[JobRow], now: datetime) -> list[dict[str, Any]]:
+        """Devices held and SLA for these jobs with two queries in all (epochs with their sizes, migrations)."""
+        ids = [j.id for j in jobs]
+        epochs: dict[int, list[tuple[int, datetime, datetime | None, int]]] = {i: [] for i in ids}
+        migs: dict[int, list[tuple[datetime, datetime | None]]] = {i: [] for i in ids}
+        if ids:
+            for job_id, epoch, started, ended, devices in s.execute(
+                    select(RankMapRow.job_id, RankMapRow.epoch, RankMapRow.started_at, RankMapRow.ended_at,
+                           func.count(RankEntryRow.id))
+                    .join(RankEntryRow, RankEntryRow.rank_map_id == RankMapRow.id, isouter=True)
+                    .where(RankMapRow.job_id.in_(ids)).group_by(RankMapRow.id)):
+                epochs[job_id].append((epoch, started, ended, int(devices)))
+            for job_id, started, finished in s.execute(
+                    select(MigrationRow.job_id, MigrationRow.started_at, MigrationRow.finished_at)
+                    .where(MigrationRow.job_id.in_(ids))):
+                migs[job_id].append((started, finished))
         out = []
-        for job in self.list_jobs():
-            sla = self.gpu_fraction_sla(job.id)
+        for job in jobs:
+            mine = epochs[job.id]
+            sla = gpu_fraction([(a, b, n) for _, a, b, n in mine], migs[job.id], job.max_devices,
+                               self._sla_end(job, now))
             target = SLA_TIERS.get(job.sla_tier, SLA_TIERS["standard"])
-            out.append({"job": job, "devices_held": self.devices_held(job.id), "sla": sla,
+            out.append({"job": _job(job), "devices_held": max(mine)[3] if mine else 0, "sla": sla,
                         "sla_target": target, "sla_ok": None if sla is None else sla >= target})
         return out
