@@ -71,7 +71,7 @@ class ClusterSource:
                 return cached, warning
             view, warning = self._read()
             self._cached = (time.monotonic(), view, warning)
-        self._sample(view)
+            self._sample(view)  # only fresh reads: a cached view was sampled when it was read
         return view, warning
 
     def _read(self) -> tuple[ClusterView, str | None]:
