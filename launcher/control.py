@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -88,12 +87,6 @@ def finalize_checkpoint(root, step: int) -> str:
         if tail.isdigit() and int(tail) < step:
             shutil.rmtree(p, ignore_errors=True)
     return str(final)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class WorldAborted(RuntimeError):

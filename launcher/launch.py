@@ -25,28 +25,28 @@ from __future__ import annotations
 
 import sys
 
-from launcher import control as C
 from launcher.backends import make_backend, shell_line
+from launcher.database import db_url, open_store
 from launcher.errors import UsageError
 from launcher.loop import Launcher, grow_choice
 from launcher.options import Options, build_parser, options_from_args, parse_layouts, parse_nnodes
+from launcher.start_request import StartRequest
 from launcher.transaction import MigrationFailed, Outcome
 
 __all__ = ["Launcher", "MigrationFailed", "Options", "Outcome", "build_parser", "dry_run", "grow_choice", "main",
            "options_from_args", "parse_layouts", "parse_nnodes"]
 
 
-def dry_run(opts: Options, backend, out=None) -> None:
+def dry_run(opts: Options, backend, db_url: str | None, out=None) -> None:
+    """Print the start request's command lines (environment included) and the release of a shrink to
+    --nnodes MIN; starts and writes nothing."""
     out = out or sys.stdout
-    alloc = backend.allocation()
-    nodes = alloc[:opts.max_nodes]
-    env = {C.ENV_STORE: f"{opts.master_addr}:PORT", C.ENV_GPUS_PER_NODE: str(opts.gpus_per_node),
-           C.ENV_FIRST_EVENT: "0", "MASTER_ADDR": opts.master_addr, "MASTER_PORT": "PORT", "PYTHONUNBUFFERED": "1"}
+    nodes = backend.allocation()[:opts.max_nodes]
+    request = StartRequest.for_job(opts, db_url, opts.master_port or None)
     print(f"# {backend.describe()}", file=out)
     print(f"# start: workers on {len(nodes)} node(s)", file=out)
-    for i, n in enumerate(nodes):
-        for cmd in backend.commands_for_start(n, alloc.index(n), env, opts.command):
-            print(shell_line(cmd), file=out)
+    for cmd in request.commands(backend, nodes):
+        print(shell_line(cmd), file=out)
     keep = nodes[:opts.min_nodes]
     if len(keep) < len(nodes):
         print(f"# shrink to --nnodes minimum {opts.min_nodes} (after moving the state off the other nodes)", file=out)
@@ -65,10 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.master_addr is None:
             opts.master_addr = backend.default_master_addr()
         if args.dry_run:
-            dry_run(opts, backend)
+            dry_run(opts, backend, db_url(args.db))
             return 0
-        from launcher.commands.history import open_store
-
         store = open_store(args.db, create=True)
     except UsageError as exc:
         print(f"elastic-launch: error: {exc}", file=sys.stderr)

@@ -12,13 +12,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from launcher import admin
 from launcher import control as C
 from launcher.backends import AcquireFailed, CannotAcquire, NodeBackend, NodeHandle, Reporter
-from launcher.options import Options, default_checkpoint_dir
+from launcher.options import Options
 from launcher.pause import PendingPauses
+from launcher.start_request import StartRequest, checkpoint_dir
 from launcher.transaction import MigrationFailed, Outcome, Transaction
 
 
@@ -62,8 +62,8 @@ class Launcher:
         self.pauses = PendingPauses()  # migrations whose pause is known once the new layout commits a step
         self.epoch_base = 0  # database epochs of a resumed job continue after its earlier ones
         self.loss_step = 0  # the last step whose loss is in the database
-        self.ckpt_dir = str(Path(opts.checkpoint_dir or default_checkpoint_dir(store.url if store else None,
-                                                                               opts.job_name)).resolve())
+        self.ckpt_dir = checkpoint_dir(opts, store.url if store else None)
+        self.request: StartRequest | None = None  # built once the control plane has its port
 
     # -- what the job holds ---------------------------------------------------------------------------
     def node_devices(self, node: str) -> list[int]:
@@ -120,18 +120,13 @@ class Launcher:
             self.db.record_step(self.job_id, rep["step"], rep["loss"], rep["layout"])
 
     # -- the workers ----------------------------------------------------------------------------------
-    def base_env(self, first_event: int) -> dict[str, str]:
-        return {C.ENV_STORE: f"{self.opts.master_addr}:{self.ctl.port}", C.ENV_GPUS_PER_NODE: str(self.gpn),
-                C.ENV_FIRST_EVENT: str(first_event), "MASTER_ADDR": self.opts.master_addr,
-                "MASTER_PORT": str(self.ctl.port), "PYTHONUNBUFFERED": "1",
-                C.ENV_CKPT_DIR: self.ckpt_dir, C.ENV_CKPT_EVERY: str(self.opts.checkpoint_every)}
-
     def start_nodes(self, nodes: list[str], first_event: int) -> None:
+        """Start the workers of `nodes` from the start request; they handle events from `first_event` on."""
         for n in nodes:
             for d in self.node_devices(n):  # registrations of earlier workers of this node (a grow after a shrink)
                 self.ctl.store.delete_key(f"ready/{d}")
             self.log(f"starting workers on {n}")
-            self.handles[n] = self.backend.start(n, self.index[n], self.base_env(first_event), self.opts.command)
+            self.handles[n] = self.backend.start(n, self.index[n], self.request.env(first_event), self.request.command)
 
     def wait_ready(self, nodes: list[str], timeout: float | None = None, note: str = "") -> None:
         devs = [d for n in nodes for d in self.node_devices(n)]
@@ -222,6 +217,7 @@ class Launcher:
         self.ctl = C.Control("0.0.0.0" if self.opts.master_addr not in ("127.0.0.1", "localhost") else "127.0.0.1",
                              self.opts.master_port, server=True)
         self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port}; {self.backend.describe()}")
+        self.request = StartRequest.for_job(self.opts, self.db.url, self.ctl.port)
         nodes = self.alloc[:self.opts.max_nodes]
         self.start_nodes(nodes, 0)
         self.wait_ready(nodes)

@@ -20,15 +20,13 @@ measured numbers rather than guesses:
    process, then `torch.load` per rank; dcp: resharding `dcp.load`) and installs params, Adam
    moments and step in its Trainer.
 4. VERIFY (untimed): every rank of both layouts hashes its state per unit of
-   G = lcm(prev.tp, curr.tp) TP slices (BLAKE2b over dtype, shape and raw bytes); the
+   G = lcm(prev.tp, curr.tp) TP slices (migrate.checksum: xxh3 over dtype, shape and raw bytes, as the executor); the
    launching process checks that the new layout holds exactly the old layout's units,
    byte for byte. Hashes instead of a second full copy keep the reference from adding disk
    traffic that would disturb the timed phases.
 """
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import shutil
 import time
@@ -41,9 +39,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from migrate.checkpoint import as_dtensors, layout_mesh
+from migrate.checksum import unit_digest
 from migrate.layout import ModelSpec, ParallelConfig, TensorSpec
 from migrate.state import LocalState, held_tensors, initial_state, local_shape, rank_workload, shard_range
 from migrate.train import Groups, Trainer, TrainConfig
+from migrate.workload import slice_units
 
 BaselineKind = Literal["torch_save", "dcp"]
 KINDS: tuple[str, ...] = ("torch_save", "dcp")
@@ -80,11 +80,6 @@ class BaselineResult:
 # Layout helpers shared by both paths and by verification
 
 
-def _units(prev: ParallelConfig, curr: ParallelConfig) -> int:
-    """G: the TP granularity at which both layouts' shards are whole numbers of units."""
-    return math.lcm(prev.tp, curr.tp)
-
-
 def _holding_ranks(model: ModelSpec, cfg: ParallelConfig) -> dict[str, list[tuple[int, TensorSpec]]]:
     """For each tensor name, the (rank, spec) pairs of `cfg` that hold a piece of it."""
     out: dict[str, list[tuple[int, TensorSpec]]] = {}
@@ -96,7 +91,7 @@ def _holding_ranks(model: ModelSpec, cfg: ParallelConfig) -> dict[str, list[tupl
 
 
 def unit_hashes(model: ModelSpec, cfg: ParallelConfig, rank: int, state: LocalState,
-                units: int) -> tuple[dict[UnitKey, bytes], list[str]]:
+                units: int) -> tuple[dict[UnitKey, int], list[str]]:
     """Hash every unit of state this rank should hold; problems (missing, extra, bad shape) as text.
 
     Units are G-ths of a tensor along its TP dim (whole tensor if replicated), so two layouts
@@ -105,7 +100,7 @@ def unit_hashes(model: ModelSpec, cfg: ParallelConfig, rank: int, state: LocalSt
     """
     w = rank_workload(cfg, rank, model.layers, cfg.tp)
     specs = held_tensors(model, w)
-    out: dict[UnitKey, bytes] = {}
+    out: dict[UnitKey, int] = {}
     problems: list[str] = []
     for kind in STATE_KINDS:
         per = state.tensors.get(kind, {})
@@ -122,21 +117,14 @@ def unit_hashes(model: ModelSpec, cfg: ParallelConfig, rank: int, state: LocalSt
                                 f"expected {local_shape(spec, w)}")
                 continue
             if spec.tp_dim is None:
-                out[(kind, spec.name, -1)] = _digest(t)
+                out[(kind, spec.name, -1)] = unit_digest(t)
                 continue
             unit_len = spec.shape[spec.tp_dim] // units
             off, length = shard_range(spec, w)
             for i in range(length // unit_len):
                 piece = t.narrow(spec.tp_dim, i * unit_len, unit_len)
-                out[(kind, spec.name, off // unit_len + i)] = _digest(piece)
+                out[(kind, spec.name, off // unit_len + i)] = unit_digest(piece)
     return out, problems
-
-
-def _digest(t: torch.Tensor) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.detach().contiguous().view(torch.uint8).numpy())
-    return h.digest()
 
 
 def _dir_bytes(path: Path) -> int:
@@ -317,7 +305,7 @@ def reshard_torch_save(model: ModelSpec, prev: ParallelConfig, curr: ParallelCon
 def _verify(old: dict[int, dict], new: dict[int, dict]) -> tuple[bool, list[str]]:
     """The new layout must hold exactly the old layout's units, each byte-identical."""
     problems: list[str] = []
-    ref: dict[UnitKey, bytes] = {}
+    ref: dict[UnitKey, int] = {}
     for rank, rep in sorted(old.items()):
         problems += rep["problems"]
         for key, h in rep["hashes"].items():
@@ -363,7 +351,7 @@ def run_baseline(kind: BaselineKind, model: ModelSpec, prev: ParallelConfig, cur
         shutil.rmtree(base)
     ckpt = base / "ckpt"
     ckpt.mkdir(parents=True)
-    units = _units(prev, curr)
+    units = slice_units(prev.tp, curr.tp)
     ctx = mp.get_context("spawn")
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # noqa: F841 (kept alive)
 

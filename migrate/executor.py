@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import xxhash
 
+from migrate.checksum import unit_digest
 from migrate.layout import ModelSpec, TensorSpec
 from migrate.plan import MigrationPlan
 from migrate.state import LocalState, TORCH_DTYPES, held_tensors, local_shape, rank_workload, shard_range
@@ -264,23 +264,19 @@ class DeviceExecutor:
         return ExecResult(state, {}, sent, received, ledger.peak, max(old_bytes, new_bytes))
 
 
-def _digest(t: torch.Tensor) -> int:
-    return xxhash.xxh3_64_intdigest(t.contiguous().cpu().view(torch.uint8).numpy())
-
-
 def unit_checksums(model: ModelSpec, state: LocalState, w: Workload, units: int) -> dict[tuple[str, str, int], int]:
-    """xxh3 of every (tensor, kind, slice unit) a device holds; replicated tensors are unit -1."""
+    """Checksum (migrate.checksum) of every (tensor, kind, slice unit) a device holds; replicated tensors are unit -1."""
     out: dict[tuple[str, str, int], int] = {}
     for spec in held_tensors(model, w):
         for kind, per in state.tensors.items():
             t = per[spec.name]
             if spec.tp_dim is None:
-                out[(spec.name, kind, -1)] = _digest(t)
+                out[(spec.name, kind, -1)] = unit_digest(t)
                 continue
             lo = w.slice_lo * units // w.of
             hi = w.slice_hi * units // w.of
             for k in range(lo, hi):
-                out[(spec.name, kind, k)] = _digest(_view(t, spec, w, k, k + 1, units))
+                out[(spec.name, kind, k)] = unit_digest(_view(t, spec, w, k, k + 1, units))
     return out
 
 

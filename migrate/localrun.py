@@ -64,9 +64,10 @@ class DeviceReport:
     state_after: bytes | None = None  # new state, or the old one after a failed migration
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now (the one helper for it: launcher, bench, tests)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -5,7 +5,6 @@ machine without GPUs each "GPU" is one such process training on gloo (CPU).
 """
 from __future__ import annotations
 
-import os
 import signal as signal_module
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -53,16 +52,15 @@ class LocalNodes:
         return []  # nothing to tell anybody: the processes are gone
 
     def start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> NodeHandle:
+        """Run exactly the command lines of commands_for_start, one process per device."""
         procs = {}
-        for env in self.worker_env(node, index, base):
+        for env, cmd in zip(self.worker_env(node, index, base), self.commands_for_start(node, index, base, argv)):
             dev = int(env[C.ENV_DEVICE])
-            full = dict(os.environ)
-            full.update(env)
             out = None
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 out = open(self.log_dir / f"worker-dev{dev}.log", "ab")
-            procs[dev] = subprocess.Popen(resolve_python(argv), env=full, stdout=out, stderr=subprocess.STDOUT if out else None)
+            procs[dev] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
             if out is not None:
                 out.close()
         return NodeHandle(node, sorted(procs), procs=procs)

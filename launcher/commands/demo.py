@@ -42,8 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _baseline(out, model) -> str:
     """Seconds a DCP save + restart + resharding load of the same relayout takes on this machine."""
-    from launcher.control import free_port
     from migrate.baselines import run_baseline
+    from migrate.localrun import free_port
     from migrate.layout import ParallelConfig
     from migrate.train import TrainConfig
 
@@ -80,7 +80,7 @@ def _serve_dashboard(db_url: str, port: int, say) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.commands.history import open_store
+    from launcher.database import open_store
     from launcher.launch import Options, Launcher, parse_layouts
     from launcher.backends.local import LocalNodes
     from launcher.policy import NoLayoutError, check_node_range

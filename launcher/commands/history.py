@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from db.units import human_bytes
-from db.urls import default_url
+from launcher.database import open_store
 
 if TYPE_CHECKING:
     from db.store import Store
@@ -21,20 +21,6 @@ def add_db_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="URL", default=None,
                         help="SQLAlchemy URL or SQLite file path (default: $ELASTIC_DB_URL or "
                              "sqlite:///var/elastic.db)")
-
-
-def open_store(url: str | None, *, create: bool = False, readonly: bool = False) -> "Store":
-    """Open the store, turning a DatabaseError into a UsageError (exit 2, nothing created).
-
-    Only a creating opener (the launcher) upgrades an older schema; the others refuse it and name
-    `elastic db upgrade`, and readonly=True (history) never writes a byte."""
-    from db import DatabaseError, Store
-    from launcher.cli import UsageError
-
-    try:
-        return Store(url or default_url(), create=create, readonly=readonly, upgrade_schema=create)
-    except DatabaseError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

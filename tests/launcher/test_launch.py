@@ -101,7 +101,7 @@ def test_dry_run_slurm_prints_srun_and_scontrol_golden(fake_slurm, capsys, tmp_p
     rc = main(["--dry-run", "--backend", "slurm", "--job-id", "2", "--nnodes", "2:4", "--gpus-per-node", "4",
                "--layouts", "pp4tp2,pp2tp4,pp2tp2", "--master-addr", "10.0.0.1", "--db", str(tmp_path / "e.db")]
               + WORKER)
-    out = capsys.readouterr().out.replace(sys.executable, "PYTHON")
+    out = capsys.readouterr().out.replace(sys.executable, "PYTHON").replace(str(tmp_path.resolve()), "TMP")
     assert rc == 0
     golden("launch_dryrun_slurm.txt", out)
     assert "srun --jobid=2 --nodes=1 --nodelist=n1" in out and "--overlap" in out
@@ -114,7 +114,7 @@ def test_dry_run_local_golden(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     rc = main(["--dry-run", "--nnodes", "1:2", "--gpus-per-node", "2", "--layouts", "pp2tp2,pp2"] + WORKER)
-    out = capsys.readouterr().out.replace(sys.executable, "PYTHON")
+    out = capsys.readouterr().out.replace(sys.executable, "PYTHON").replace(str(tmp_path.resolve()), "TMP")
     assert rc == 0
     golden("launch_dryrun_local.txt", out)
     assert out.count("ELASTIC_DEVICE=") == 4

@@ -361,3 +361,11 @@ def test_pyslurm_errors_become_slurm_errors() -> None:
     with pytest.raises(SlurmError, match="reading job 5 failed .pyslurm.: Invalid job id"):
         PyslurmBackend(SimpleNamespace(Job=Boom)).job_info(5)
 
+
+
+def test_pyslurm_job_info_keeps_the_partition() -> None:
+    """Companion jobs are submitted to the job's partition, so job_info must carry it (stand-in pyslurm)."""
+    job = SimpleNamespace(id=7, state="RUNNING", allocated_nodes="n[1-2]", batch_host="n1", num_nodes=2,
+                          name="train", state_reason="None", partition="gpu")
+    info = PyslurmBackend(SimpleNamespace(Job=SimpleNamespace(load=lambda job_id: job))).job_info(7)
+    assert (info.partition, info.nodes, info.batch_host) == ("gpu", ["n1", "n2"], "n1")

@@ -7,24 +7,17 @@ that the verification would notice if they did not.
 from __future__ import annotations
 
 import math
-import socket
 from pathlib import Path
 
 import pytest
 
 from migrate.baselines import BaselineResult, run_baseline
 from migrate.layout import ModelSpec, ParallelConfig
+from migrate.localrun import free_port
 from migrate.train import TrainConfig
 
 MODEL = ModelSpec(layers=4, hidden=64, heads=4, vocab=128, seq_len=16)
 TC = TrainConfig(global_batch=4, micro_batch=1, seq_len=16)
-
-
-def free_port() -> int:
-    """A port nobody listens on now, so parallel or repeated runs do not collide."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(kind: str, prev: str, curr: str, tmp_path: Path, **kw) -> BaselineResult:

@@ -1,0 +1,18 @@
+"""The one per-unit checksum: what the executor's commit vote and the checkpoint baselines compare.
+
+xxh3 (64-bit) over the tensor's dtype, shape and raw bytes: raw bytes are stricter than
+torch.equal (-0.0 vs 0.0, NaN payloads), and dtype and shape keep two pieces that happen to
+share bytes apart.
+"""
+from __future__ import annotations
+
+import torch
+import xxhash
+
+
+def unit_digest(t: torch.Tensor) -> int:
+    """Checksum of one slice unit (or one whole replicated tensor)."""
+    h = xxhash.xxh3_64()
+    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy())
+    return h.intdigest()
