@@ -10,7 +10,10 @@ from flask import Flask
 from dashboard import actions, audit, auth, cluster_views, events, security, views
 from dashboard.config import ConfigError, check_secret
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+# templates/ sits next to dashboard/ in a checkout; an installed wheel ships it as dashboard/templates
+# (pyproject.toml, [tool.setuptools.package-dir])
+_HERE = Path(__file__).resolve().parent
+TEMPLATES = next((p for p in (_HERE / "templates", _HERE.parent / "templates") if p.is_dir()), _HERE / "templates")
 DEFAULT_THREADS = 8
 DEFAULT_SESSION_LIFETIME_S = 8 * 3600
 MAX_REQUEST_BYTES = 64 * 1024  # forms are tiny; a 400 kB "user name" is refused with 413
