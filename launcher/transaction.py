@@ -146,7 +146,7 @@ class Transaction:
         job = self.job
         participants = sorted((set(p.prev.devices) - set(p.failed)) | set(p.curr.devices))
         job.epoch = e
-        job.ctl.post({"epoch": e, "kind": "migrate", "plan": p.to_dict(), "participants": participants,
+        job.ctl.post({"epoch": e, "kind": "migrate", "plan": p.to_dict(instructions=False), "participants": participants,
                       "exit_ok": sorted(d for n in leaving for d in job.node_devices(n)),
                       "exit_fail": sorted(d for n in new_nodes for d in job.node_devices(n)), "urgent": urgent})
         job.log(f"event {e}: {self.out.from_layout} -> {self.out.to_layout} on {','.join(target)} ({self.trigger})")

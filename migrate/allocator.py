@@ -24,6 +24,7 @@ of what a rank of that class needs. The placement is found in two steps:
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,6 +76,9 @@ class Allocator:
         self.notes: list[str] = []
         self._inner: dict[tuple, tuple[int, np.ndarray]] = {}
         self._relevant: dict[tuple[int, ...], list[int]] = {}
+        self._potential: dict[tuple[int, ...], int] = {}
+        self._cheap: int | None = None
+        self._upper: int | None = None
 
     # -- setup ---------------------------------------------------------------------------------
     def place(self) -> Placement:
@@ -82,7 +86,6 @@ class Allocator:
         alive = sorted(self.kind)
         if len(alive) < m:
             raise LayoutError(f"{self.curr} needs {m} devices but only {len(alive)} are available")
-        upper = self._upper_bound()
         size = self.curr.tp if self.tp_in_node else 1
         domains = self._domains(size)
         if size > 1 and sum(d.size // size for d in domains) < self.curr.pp * self.curr.dp:
@@ -95,37 +98,65 @@ class Allocator:
                  else [[c] for c in range(self.curr.pp * t)])
         resilient = self.placement == "resilient" and self.curr.dp >= 2
         solver = _Solver(self, units, domains, size, resilient)
-        counts, optimal = solver.solve(upper)
+        counts, optimal = solver.solve()
         if counts is None and resilient:
             self.notes.append("no placement keeps a replica of every stage off each node "
                               f"({len(solver.nodes)} node(s)): placed packed, a node loss loses state")
             solver = _Solver(self, units, domains, size, False)
-            counts, optimal = solver.solve(upper)
+            counts, optimal = solver.solve()
         assert counts is not None
         devices, retained = self._realise(units, domains, counts)
         if not optimal:
             self.notes.append("placement not proven optimal (problem too large for the exact program)")
         bound = retained if optimal else max(retained, solver.bound)
-        return Placement(devices, tuple(dict.fromkeys(self.notes)), retained, upper, bound, optimal)
+        return Placement(devices, tuple(dict.fromkeys(self.notes)), retained, self.relaxation(), bound, optimal)
 
     def _domains(self, size: int) -> list[_Domain]:
         out = []
+        kind = self.kind
         for n, node in enumerate(self.topo.nodes):
             for island in self.topo.islands(node, size):
-                devs = [d for d in island if d in self.kind]
-                if devs:
-                    devs.sort(key=lambda d: (self.kind[d], d))
-                    out.append(_Domain(n, devs, tuple(self.kind[d] for d in devs)))
+                pairs = sorted((kind[d], d) for d in island if d in kind)
+                if pairs:
+                    out.append(_Domain(n, [d for _k, d in pairs], tuple(k for k, _d in pairs)))
         return out
 
-    def _upper_bound(self) -> int:
-        """Most bytes any placement retains: every rank on any device, no node rule (transportation)."""
+    def cheap_bound(self) -> int:
+        """An upper bound on retained bytes in O(devices): every rank at its best kind, or the best devices."""
+        if self._cheap is None:
+            kinds = np.fromiter(self.kind.values(), dtype=np.int64)
+            rank_best = int(self.w[:, np.unique(kinds)].max(axis=1).sum()) * self.curr.dp
+            per_device = self.w.max(axis=0)[kinds]
+            m = self.curr.world_size
+            if m < len(per_device):
+                per_device = np.partition(per_device, len(per_device) - m)[len(per_device) - m:]
+            self._cheap = min(rank_best, int(per_device.sum()))
+        return self._cheap
+
+    def relaxation(self, known: int | None = None) -> int:
+        """Most bytes any placement retains: every rank on any device, no node rule (transportation).
+
+        `known`: a placement that retains `cheap_bound()` proves the relaxation equals it."""
+        if known is not None:
+            self._upper = known
+        if self._upper is None:
+            self._upper = self._transport_bound()
+        return self._upper
+
+    def _transport_bound(self) -> int:
         kinds = np.array(sorted(self.kind.values()), dtype=np.int64)
         uniq, mult = np.unique(kinds, return_counts=True)
         classes = self.w.shape[0]
         cost = -self.w[:, uniq]
         counts = assign_kinds(cost - cost.min(), [self.curr.dp] * classes, mult.tolist())
         return int(sum(self.w[r, uniq[c]] * n for (r, c), n in counts.items()))
+
+    def potential(self, sig: tuple[int, ...]) -> int:
+        """What a domain's devices could retain at most, each for its best class."""
+        out = self._potential.get(sig)
+        if out is None:
+            out = self._potential[sig] = int(self.w[:, list(sig)].max(axis=0).sum())
+        return out
 
     # -- one island: the exact inner assignment --------------------------------------------------
     def relevant(self, sig: tuple[int, ...], units: list[list[int]]) -> list[int]:
@@ -225,7 +256,7 @@ class _Solver:
         for _ in cands:
             mixes *= top + 1
             if mixes > PATTERN_LIMIT:
-                return int(self.a.w[:, list(sig)].max(axis=0).sum())  # every device at its best class
+                return self.a.potential(sig)  # every device at its best class
         best = 0
 
         def walk(pos: int, left: int, mix: tuple[tuple[int, int], ...]) -> None:
@@ -240,12 +271,17 @@ class _Solver:
         walk(0, cap, ())
         return best
 
-    def solve(self, upper: int) -> tuple[list[dict[int, int]] | None, bool]:
+    def solve(self) -> tuple[list[dict[int, int]] | None, bool]:
         counts = self._greedy()
-        self.bound = upper
+        cheap = self.a.cheap_bound()
+        self.bound = cheap
         if counts is not None:
             value = sum(self.a.inner(d.sig, self.units, tuple(sorted(c.items())))[0]
                         for d, c in zip(self.domains, counts) if c)
+            if value == cheap and self.nodes_used(counts) <= self.k_min:
+                self.a.relaxation(known=cheap)
+                return counts, True
+            upper = self.bound = self.a.relaxation()
             if value < upper and self.nodes_used(counts) <= self.k_min:
                 self.bound = min(upper, self.node_bound())
             if value == self.bound and self.nodes_used(counts) <= self.k_min:
@@ -270,27 +306,40 @@ class _Solver:
         by_node: dict[int, list[int]] = {}
         for j, d in enumerate(self.domains):
             by_node.setdefault(d.node, []).append(j)
-        potential = {n: sum(int(a.w[:, list(self.domains[j].sig)].max(axis=0).sum()) for j in js)
-                     for n, js in by_node.items()}
+        potential = {n: sum(a.potential(self.domains[j].sig) for j in js) for n, js in by_node.items()}
         order = sorted(self.nodes, key=lambda n: (n not in self.pinned, -potential[n], n))
         opened: set[int] = set(self.pinned)
         need = len(units) * self.dp
+
+        closed = Counter(self.cap[m] for m in self.nodes if m not in opened)  # caps of nodes not opened
+        have = [sum(self.cap[m] for m in opened)]
 
         def room(n: int) -> bool:
             """May node n be opened and still leave room for every group on at most k_min nodes?"""
             if n in opened:
                 return True
-            if len(opened) + 1 > self.k_min:
+            slots = self.k_min - len(opened) - 1
+            if slots < 0:
                 return False
-            have = sum(self.cap[m] for m in opened) + self.cap[n]
-            rest = sorted((self.cap[m] for m in self.nodes if m not in opened and m != n), reverse=True)
-            return have + sum(rest[:self.k_min - len(opened) - 1]) >= need
+            total, skip = have[0] + self.cap[n], self.cap[n]  # n itself is not among the rest
+            for c in sorted(closed, reverse=True):
+                take = closed[c] - (1 if c == skip else 0)
+                take = min(take, slots)
+                total += take * c
+                slots -= take
+                if slots == 0 or total >= need:
+                    break
+            return total >= need
 
         def add(j: int, i: int) -> None:
+            n = self.domains[j].node
             counts[j][i] = counts[j].get(i, 0) + 1
             left[i] -= 1
-            per_node[(self.domains[j].node, i)] = per_node.get((self.domains[j].node, i), 0) + 1
-            opened.add(self.domains[j].node)
+            per_node[(n, i)] = per_node.get((n, i), 0) + 1
+            if n not in opened:
+                opened.add(n)
+                closed[self.cap[n]] -= 1
+                have[0] += self.cap[n]
 
         # 1: positive gains, best first, on nodes in order of what they hold
         for n in order:

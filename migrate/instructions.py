@@ -7,7 +7,6 @@ from the same source stage and TP rank are kept as one segment: that is the coal
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import asdict, dataclass
 
 from migrate.layout import LayoutError, ParallelConfig
@@ -83,22 +82,33 @@ def _cut(iv: Interval, step: int) -> list[tuple[int, Interval]]:
     return out
 
 
-class InstructionBuilder:
-    """Turns a placement into instructions, choosing the least-loaded holder for every missing piece."""
+Key = tuple  # ("class", old class) for TP-sharded pieces, ("stage", old stage) for replicated ones
 
-    def __init__(self, prev: ParallelConfig, layers: int, units: int, bm: ByteModel, kinds: tuple[str, ...],
-                 holders: dict[int, list[int]], failed_holders: dict[int, list[int]] | None = None) -> None:
-        # holders[old class] = alive devices that hold it; failed_holders: failed devices that did
-        self.prev, self.units, self.bm, self.kinds, self.holders = prev, units, bm, kinds, holders
+
+class Needs:
+    """What a rank of one class keeps and lacks on a device of one kind, memoised per (class, kind).
+
+    Ranks of the same class on devices of the same kind need the same segments, so the plan is
+    made per class and a worker expands only its own instructions from it.
+    """
+
+    def __init__(self, prev: ParallelConfig, layers: int, units: int, bm: ByteModel) -> None:
+        self.prev, self.units, self.bm = prev, units, bm
         self.stage_layers = layers // prev.pp
         self.tp_units = units // prev.tp
-        self.refers: list[Instruction] = []
-        self.failed_holders = failed_holders or {}
-        self.missing: list[tuple[int, Segment, tuple]] = []  # (dst, segment, key of its candidate sources)
-        self.sources: dict[tuple, list[int]] = {}
-        self.lost: dict[int, set[str]] = {}  # old class -> what of it is needed
+        self._memo: dict[tuple, tuple[tuple[Segment, ...], tuple[tuple[Segment, Key], ...]]] = {}
 
-    def add_rank(self, dst: int, want: Workload, have: Workload | None) -> None:
+    def of(self, want: Workload, have: Workload | None) -> tuple[tuple[Segment, ...], tuple[tuple[Segment, Key], ...]]:
+        """(segments kept in place, (segment, key of its holders) to receive)."""
+        memo = self._memo.get((want, have))
+        if memo is None:
+            memo = self._compute(want, have)
+            self._memo[(want, have)] = memo
+        return memo
+
+    def _compute(self, want: Workload, have: Workload | None):
+        refers: list[Segment] = []
+        missing: list[tuple[Segment, Key]] = []
         lay_want = (want.layer_lo, want.layer_hi)
         sl_want = (want.slice_lo, want.slice_hi)
         lay_have = (have.layer_lo, have.layer_hi) if have else (0, 0)
@@ -107,13 +117,13 @@ class InstructionBuilder:
         if both:
             s = _cap(sl_want, sl_have)
             if s:
-                self._refer(dst, Segment("layers", "sharded", *both, *s, self.units))
-            self._refer(dst, Segment("layers", "replicated", *both))
+                refers.append(Segment("layers", "sharded", *both, *s, self.units))
+            refers.append(Segment("layers", "replicated", *both))
             for s_missing in _minus(sl_want, sl_have):
-                self._need_sharded("layers", dst, both, s_missing)
+                missing += self._sharded("layers", both, s_missing)
         for lay_missing in _minus(lay_want, lay_have):
-            self._need_sharded("layers", dst, lay_missing, sl_want)
-            self._need_replicated("layers", dst, lay_missing)
+            missing += self._sharded("layers", lay_missing, sl_want)
+            missing += self._replicated("layers", lay_missing)
         for block, flag in (("embed", "first"), ("head", "last")):
             if not getattr(want, flag):
                 continue
@@ -121,64 +131,182 @@ class InstructionBuilder:
             if have and getattr(have, flag):
                 s = _cap(sl_want, sl_have)
                 if s:
-                    self._refer(dst, Segment(block, "sharded", 0, 0, *s, self.units))
-                self._refer(dst, Segment(block, "replicated"))
+                    refers.append(Segment(block, "sharded", 0, 0, *s, self.units))
+                refers.append(Segment(block, "replicated"))
                 for s_missing in _minus(sl_want, sl_have):
-                    self._need_sharded(block, dst, None, s_missing, stage)
+                    missing += self._sharded(block, None, s_missing, stage)
             else:
-                self._need_sharded(block, dst, None, sl_want, stage)
-                self._need_replicated(block, dst, None, stage)
-
-    def _refer(self, dev: int, seg: Segment) -> None:
-        self.refers.append(Instruction("refer", dev, dev, self.kinds, seg, seg.nbytes(self.bm)))
+                missing += self._sharded(block, None, sl_want, stage)
+                missing += self._replicated(block, None, stage)
+        return tuple(refers), tuple(missing)
 
     def _stages(self, layers: Interval | None, stage: int | None) -> list[tuple[int, Interval]]:
         return _cut(layers, self.stage_layers) if layers else [(stage, (0, 0))]
 
-    def _need_sharded(self, block: str, dst: int, layers: Interval | None, slices: Interval,
-                      stage: int | None = None) -> None:
-        for p, lay in self._stages(layers, stage):
-            for t, sl in _cut(slices, self.tp_units):
-                seg = Segment(block, "sharded", *lay, *sl, self.units)
-                key = ("class", p * self.prev.tp + t)
-                if key not in self.sources:
-                    self.sources[key] = self.holders.get(key[1], [])
-                if not self.sources[key]:
-                    self.lost.setdefault(key[1], set()).add(seg.describe())
-                self.missing.append((dst, seg, key))
+    def _sharded(self, block: str, layers: Interval | None, slices: Interval, stage: int | None = None):
+        return [(Segment(block, "sharded", *lay, *sl, self.units), ("class", p * self.prev.tp + t))
+                for p, lay in self._stages(layers, stage) for t, sl in _cut(slices, self.tp_units)]
 
-    def _need_replicated(self, block: str, dst: int, layers: Interval | None, stage: int | None = None) -> None:
-        for p, lay in self._stages(layers, stage):
-            key = ("stage", p)
-            if key not in self.sources:
-                self.sources[key] = [d for t in range(self.prev.tp) for d in self.holders.get(p * self.prev.tp + t, [])]
-            if not self.sources[key]:
-                self.lost.setdefault(p * self.prev.tp, set()).add(Segment(block, "replicated", *lay).describe())
-            self.missing.append((dst, Segment(block, "replicated", *lay), key))
+    def _replicated(self, block: str, layers: Interval | None, stage: int | None = None):
+        return [(Segment(block, "replicated", *lay), ("stage", p)) for p, lay in self._stages(layers, stage)]
 
-    def build(self) -> list[Instruction]:
-        """Assign sources largest piece first to the least-loaded holder; raise if a piece has none."""
-        load: dict[int, int] = {}
-        out: list[Instruction] = list(self.refers)
-        if self.lost:
-            raise LostStateError([
-                f"pp stage {c // self.prev.tp} tp rank {c % self.prev.tp} ({', '.join(sorted(what))}) "
-                f"was only on failed device(s) {sorted(self.failed_holders.get(c, []))}"
-                for c, what in sorted(self.lost.items())])
-        # one lazy min-heap of (load, device) per candidate set; loads only grow, so stale tops are re-pushed
-        heaps = {key: [(0, d) for d in sorted(devs)] for key, devs in self.sources.items()}
-        for dst, seg, key in sorted(self.missing, key=lambda m: -m[1].nbytes(self.bm)):
-            nbytes = seg.nbytes(self.bm)
-            heap = heaps[key]
-            while heap[0][0] != load.get(heap[0][1], 0):
-                _, dev = heapq.heappop(heap)
-                heapq.heappush(heap, (load.get(dev, 0), dev))
-            src = heap[0][1]
-            load[src] = load.get(src, 0) + nbytes
-            heapq.heapreplace(heap, (load[src], src))
-            out.append(Instruction("send", src, dst, self.kinds, seg, nbytes))
-            out.append(Instruction("recv", src, dst, self.kinds, seg, nbytes))
+
+def check_lost(needs: Needs, curr_ws: list[Workload], prev_ws: list[Workload], pairs: list[tuple[int, int | None]],
+               alive_classes: set[int], failed_holders: dict[int, list[int]]) -> None:
+    """Raise LostStateError when a needed piece has no surviving holder.
+
+    `pairs`: the (new class, old class of the device or None) combinations a placement uses;
+    `alive_classes`: old classes some surviving device holds.
+    """
+    tp = needs.prev.tp
+    alive_stages = {c // tp for c in alive_classes}
+    lost: dict[int, set[str]] = {}
+    for c_new, have in pairs:
+        for seg, k in needs.of(curr_ws[c_new], None if have is None else prev_ws[have])[1]:
+            if k[1] not in (alive_classes if k[0] == "class" else alive_stages):
+                c = k[1] if k[0] == "class" else k[1] * tp
+                lost.setdefault(c, set()).add(seg.describe())
+    if lost:
+        raise LostStateError([
+            f"pp stage {c // tp} tp rank {c % tp} ({', '.join(sorted(what))}) "
+            f"was only on failed device(s) {sorted(failed_holders.get(c, []))}"
+            for c, what in sorted(lost.items())])
+
+
+class Expander:
+    """Instructions of a placement, derived deterministically from it (every process gets the same).
+
+    The receivers of each key, in device order, take its holders in turn (receiver j gets holder
+    j mod H), so the sending is shared by the surviving replicas, and one device's instructions
+    are expanded without building anyone else's: ranks are grouped by (new class, old kind).
+    """
+
+    def __init__(self, prev: ParallelConfig, prev_devices: tuple[int, ...], curr: ParallelConfig,
+                 curr_devices: tuple[int, ...], failed: frozenset[int], layers: int, units: int, bm: ByteModel,
+                 kinds: tuple[str, ...]) -> None:
+        import numpy as np
+
+        from migrate.workload import class_workloads
+
+        self.np = np
+        self.prev, self.curr, self.curr_devices, self.bm, self.kinds = prev, curr, curr_devices, bm, kinds
+        self.prev_ws = class_workloads(prev, layers, units)
+        self.curr_ws = class_workloads(curr, layers, units)
+        self.needs = Needs(prev, layers, units, bm)
+        n_dev = max(max(prev_devices, default=0), max(curr_devices, default=0)) + 1
+        ranks = np.arange(prev.world_size)
+        self.dev_class = np.full(n_dev, -1, dtype=np.int64)  # old class a surviving device holds, -1: none
+        self.dev_class[list(prev_devices)] = (ranks // (prev.tp * prev.dp)) * prev.tp + ranks % prev.tp
+        self.dev_class[[d for d in failed if d < n_dev]] = -1
+        self.curr_dev = np.asarray(curr_devices, dtype=np.int64)
+        r = np.arange(curr.world_size)
+        self.rank_class = (r // (curr.tp * curr.dp)) * curr.tp + r % curr.tp
+        self.rank_kind = self.dev_class[self.curr_dev]
+        pair = self.rank_class * (len(self.prev_ws) + 1) + (self.rank_kind + 1)
+        self.pair_of_rank = pair
+        self.pairs = {int(p): self._pair_needs(int(p)) for p in np.unique(pair)}
+        self._holders: dict[Key, list[int]] = {}
+        self._receivers: dict[Key, list[int]] = {}
+
+    def _pair_needs(self, pair: int):
+        c, k = divmod(pair, len(self.prev_ws) + 1)
+        return self.needs.of(self.curr_ws[c], self.prev_ws[k - 1] if k else None)
+
+    def holders(self, key: Key) -> list[int]:
+        out = self._holders.get(key)
+        if out is None:
+            if key[0] == "class":
+                mask = self.dev_class == key[1]
+            else:
+                mask = (self.dev_class >= 0) & (self.dev_class // self.prev.tp == key[1])
+            out = self._holders[key] = self.np.flatnonzero(mask).tolist()
         return out
+
+    def receivers(self, key: Key) -> list[int]:
+        """Devices that receive a piece of `key`, in device order."""
+        out = self._receivers.get(key)
+        if out is None:
+            wanted = [p for p, (_refers, missing) in self.pairs.items() if any(k == key for _s, k in missing)]
+            mask = self.np.isin(self.pair_of_rank, wanted)
+            out = self._receivers[key] = self.np.sort(self.curr_dev[mask]).tolist()
+        return out
+
+    def keys(self) -> list[Key]:
+        return list(dict.fromkeys(k for _refers, missing in self.pairs.values() for _s, k in missing))
+
+    def _source(self, key: Key, index: int) -> int:
+        holders = self.holders(key)
+        return holders[index % len(holders)]
+
+    def _rank_on(self) -> dict[int, int]:
+        return {d: r for r, d in enumerate(self.curr_devices)}
+
+    def all(self) -> list[Instruction]:
+        out: list[Instruction] = []
+        for r, dst in enumerate(self.curr_devices):
+            out += [Instruction("refer", dst, dst, self.kinds, seg, seg.nbytes(self.bm))
+                    for seg in self.pairs[int(self.pair_of_rank[r])][0]]
+        rank_on = self._rank_on()
+        for key in self.keys():
+            for j, dst in enumerate(self.receivers(key)):
+                src = self._source(key, j)
+                for seg, k in self.pairs[int(self.pair_of_rank[rank_on[dst]])][1]:
+                    if k == key:
+                        n = seg.nbytes(self.bm)
+                        out.append(Instruction("send", src, dst, self.kinds, seg, n))
+                        out.append(Instruction("recv", src, dst, self.kinds, seg, n))
+        return out
+
+    def for_device(self, device: int) -> list[Instruction]:
+        """The instructions `device` takes part in: its refers and receives, and the sends it makes."""
+        out: list[Instruction] = []
+        hits = self.np.flatnonzero(self.curr_dev == device)
+        if len(hits):
+            refers, missing = self.pairs[int(self.pair_of_rank[hits[0]])]
+            out += [Instruction("refer", device, device, self.kinds, seg, seg.nbytes(self.bm)) for seg in refers]
+            for seg, k in missing:
+                src = self._source(k, self.receivers(k).index(device))
+                out.append(Instruction("recv", src, device, self.kinds, seg, seg.nbytes(self.bm)))
+        c = int(self.dev_class[device]) if device < len(self.dev_class) else -1
+        if c >= 0:
+            for key in (("class", c), ("stage", c // self.prev.tp)):
+                holders = self.holders(key)
+                dsts = self.receivers(key)[holders.index(device)::len(holders)]
+                if not dsts:
+                    continue
+                rank_of = dict(zip(self.curr_dev[self.np.isin(self.curr_dev, dsts)].tolist(),
+                                   self.pair_of_rank[self.np.isin(self.curr_dev, dsts)].tolist()))
+                for dst in dsts:
+                    for seg, k in self.pairs[rank_of[dst]][1]:
+                        if k == key:
+                            out.append(Instruction("send", device, dst, self.kinds, seg, seg.nbytes(self.bm)))
+        return out
+
+    def traffic(self) -> tuple[dict[int, int], dict[int, int], dict[str, int]]:
+        """Bytes each device sends and receives, and instruction counts per op, without building them."""
+        np = self.np
+        send: dict[int, int] = {}
+        counts = {"send": 0, "recv": 0, "refer": 0}
+        pair_ids = np.array(sorted(self.pairs), dtype=np.int64)
+        index = np.searchsorted(pair_ids, self.pair_of_rank)
+        refers = np.array([len(self.pairs[int(p)][0]) for p in pair_ids], dtype=np.int64)
+        recv_b = np.array([sum(seg.nbytes(self.bm) for seg, _k in self.pairs[int(p)][1]) for p in pair_ids],
+                          dtype=np.int64)
+        n_recv = np.array([len(self.pairs[int(p)][1]) for p in pair_ids], dtype=np.int64)
+        counts["refer"] = int(refers[index].sum())
+        counts["send"] = counts["recv"] = int(n_recv[index].sum())
+        recv = {int(d): int(b) for d, b in zip(self.curr_dev, recv_b[index]) if b}
+        dev_pair = dict(zip(self.curr_dev.tolist(), self.pair_of_rank.tolist()))
+        for key in self.keys():
+            holders = self.holders(key)
+            per_pair = {p: sum(seg.nbytes(self.bm) for seg, k in self.pairs[p][1] if k == key) for p in self.pairs}
+            dsts = self.receivers(key)
+            b = np.array([per_pair[dev_pair[d]] for d in dsts], dtype=np.int64)
+            for h, src in enumerate(holders):
+                total = int(b[h::len(holders)].sum())
+                if total:
+                    send[src] = send.get(src, 0) + total
+        return send, recv, counts
 
 
 class LostStateError(LayoutError):

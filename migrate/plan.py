@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
 
 from migrate.allocator import Allocator
-from migrate.instructions import Instruction, InstructionBuilder
+from migrate.instructions import Expander, Instruction, Needs, check_lost
 from migrate.layout import LayoutError, ModelSpec, ParallelConfig
 from migrate.topology import RankMap, Topology
 from migrate.workload import ByteModel, Workload, class_workloads, slice_units
@@ -26,7 +29,6 @@ class MigrationPlan:
     topology: Topology
     failed: tuple[int, ...]
     units: int
-    instructions: tuple[Instruction, ...]
     bytes_state_total: int
     nodes_released: tuple[str, ...]
     notes: tuple[str, ...] = ()
@@ -36,42 +38,54 @@ class MigrationPlan:
     optimal: bool = False  # proven: no placement under the node rule (and placement rule) moves less
     placement_rule: str = "packed"
 
+    # -- instructions: derived from the placement, per class, only when asked ------------------
+    @cached_property
+    def expander(self) -> Expander:
+        return Expander(self.prev.layout, self.prev.devices, self.curr.layout, self.curr.devices,
+                        frozenset(self.failed), self.model.layers, self.units,
+                        ByteModel.of_model(self.model, self.units), self.model.state_kinds)
+
+    @cached_property
+    def instructions(self) -> tuple[Instruction, ...]:
+        """Every device's instructions (large at scale: a worker needs only `instructions_for`)."""
+        return tuple(self.expander.all())
+
+    def instructions_for(self, device: int) -> list[Instruction]:
+        """What one device does: its sends, its receives and its refers, expanded for it alone."""
+        return self.expander.for_device(device)
+
+    @cached_property
+    def _traffic(self) -> tuple[dict[int, int], dict[int, int], dict[str, int]]:
+        return self.expander.traffic()
+
     # -- derived figures ------------------------------------------------------------------------
     @property
     def bytes_moved(self) -> int:
         """Bytes that cross between devices."""
-        return sum(i.nbytes for i in self.instructions if i.op == "recv")
+        return sum(self._traffic[1].values())
 
     @property
     def bytes_checkpoint(self) -> int:
         """A save + load through storage: one replica written, every new rank's share read back."""
         return self.bytes_state_total * (1 + self.curr.layout.dp)
 
-    def _per_device(self, op: str, attr: str) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for i in self.instructions:
-            if i.op == op:
-                out[getattr(i, attr)] = out.get(getattr(i, attr), 0) + i.nbytes
-        return out
+    def _per_device(self, op: str, attr: str = "") -> dict[int, int]:
+        """Bytes per device: sent by it (op "send") or received by it (op "recv")."""
+        return dict(self._traffic[0] if op == "send" else self._traffic[1])
 
     @property
     def max_device_send_bytes(self) -> int:
-        return max(self._per_device("send", "src").values(), default=0)
+        return max(self._traffic[0].values(), default=0)
 
     @property
     def max_device_recv_bytes(self) -> int:
-        return max(self._per_device("recv", "dst").values(), default=0)
+        return max(self._traffic[1].values(), default=0)
 
     @property
     def pairs(self) -> list[tuple[int, int | None]]:
         """[new rank, old device it reuses or None for a device that held no state]."""
         old = set(self.prev.devices) - set(self.failed)
         return [(r, d if d in old else None) for r, d in enumerate(self.curr.devices)]
-
-    def instructions_for(self, device: int) -> list[Instruction]:
-        """What one device does: its sends, its receives and its refers."""
-        return [i for i in self.instructions
-                if (i.op == "send" and i.src == device) or (i.op != "send" and i.dst == device)]
 
     # -- serialisation --------------------------------------------------------------------------
     def placement(self) -> list[dict]:
@@ -97,12 +111,13 @@ class MigrationPlan:
             "max_device_send_bytes": self.max_device_send_bytes,
             "max_device_recv_bytes": self.max_device_recv_bytes,
             "nodes_released": list(self.nodes_released),
-            "instruction_counts": {op: sum(1 for i in self.instructions if i.op == op) for op in ("send", "recv", "refer")},
+            "instruction_counts": dict(self._traffic[2]),
             "notes": list(self.notes),
             "plan_ms": round(self.plan_ms, 3),
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self, instructions: bool = True) -> dict:
+        """Everything needed to rebuild the plan; `instructions=False` leaves out the (derivable) list."""
         d = self.summary()
         d.update({
             "model": {k: getattr(self.model, k) for k in
@@ -111,12 +126,13 @@ class MigrationPlan:
             "topology": {"devices": [[x.node, x.gpu] for x in self.topology.devices],
                          "pinned": sorted(self.topology.pinned), "tp_domain": self.topology.tp_domain},
             "failed": list(self.failed), "units": self.units,
-            "instructions": [i.to_dict() for i in self.instructions],
         })
+        if instructions:
+            d["instructions"] = [i.to_dict() for i in self.instructions]
         return d
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
+    def to_json(self, instructions: bool = True) -> str:
+        return json.dumps(self.to_dict(instructions))
 
     @classmethod
     def from_dict(cls, d: dict) -> "MigrationPlan":
@@ -129,7 +145,6 @@ class MigrationPlan:
             prev=RankMap(ParallelConfig.parse(d["from"]), tuple(d["prev_devices"])),
             curr=RankMap(ParallelConfig.parse(d["to"]), tuple(d["curr_devices"])),
             topology=topo, failed=tuple(d["failed"]), units=d["units"],
-            instructions=tuple(Instruction.from_dict(i) for i in d["instructions"]),
             bytes_state_total=d["bytes_state_total"], nodes_released=tuple(d["nodes_released"]),
             notes=tuple(d["notes"]), plan_ms=d["plan_ms"], bytes_lower_bound=d.get("bytes_lower_bound", 0),
             bytes_lower_bound_no_rule=d.get("bytes_lower_bound_no_rule", 0),
@@ -158,37 +173,37 @@ def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig,
     curr_ws = class_workloads(curr, model.layers, units)
     cost = bm.cost(curr_ws, prev_ws + [EMPTY])  # last column: a device that holds nothing
 
-    rank_on = prev_map.rank_of()
     empty_kind = len(prev_ws)
-    device_kind: dict[int, int] = {}
-    holders: dict[int, list[int]] = {}
-    failed_holders: dict[int, list[int]] = {}
-    for dev in range(len(topology.devices)):
-        kind = empty_kind
-        if dev in rank_on:
-            pp, _dp, tp = prev_cfg.coords(rank_on[dev])
-            kind = pp * prev_cfg.tp + tp
-            (failed_holders if dev in failed else holders).setdefault(kind, []).append(dev)
-        if dev not in failed:
-            device_kind[dev] = kind
+    kind_of = np.full(len(topology.devices), empty_kind, dtype=np.int64)
+    prev_ranks = np.arange(prev_cfg.world_size)
+    kind_of[list(prev_map.devices)] = (prev_ranks // (prev_cfg.tp * prev_cfg.dp)) * prev_cfg.tp + prev_ranks % prev_cfg.tp
+    alive = np.ones(len(topology.devices), dtype=bool)
+    alive[list(failed)] = False
+    device_kind = dict(zip(np.flatnonzero(alive).tolist(), kind_of[alive].tolist()))
 
     need = cost[:, -1]
     placed = Allocator(curr, need[:, None] - cost, device_kind, topology, tp_in_node, placement).place()
     need_total = int(need.sum()) * curr.dp
-    builder = InstructionBuilder(prev_cfg, model.layers, units, bm, model.state_kinds, holders, failed_holders)
-    for rank, dev in enumerate(placed.devices):
-        pp, _dp, tp = curr.coords(rank)
-        kind = device_kind[dev]
-        builder.add_rank(dev, curr_ws[pp * curr.tp + tp], None if kind == empty_kind else prev_ws[kind])
-    instructions = builder.build()
 
     used_before = {topology.devices[d].node for d in prev_map.devices if d not in failed}
     used_after = {topology.devices[d].node for d in placed.devices}
-    released = tuple(n for n in topology.nodes if n in used_before - used_after and n not in topology.pinned)
-    return MigrationPlan(model, prev_map, RankMap(curr, placed.devices), topology, tuple(sorted(failed)), units,
-                         tuple(instructions), model.state_bytes, released, placed.notes,
-                         (time.perf_counter() - t0) * 1000, need_total - placed.rule_bound,
-                         need_total - placed.upper_bound, placed.optimal, placement)
+    gone = used_before - used_after
+    released = tuple(n for n in topology.nodes if n in gone and n not in topology.pinned)
+    result = MigrationPlan(model, prev_map, RankMap(curr, placed.devices), topology, tuple(sorted(failed)), units,
+                           model.state_bytes, released, placed.notes, 0.0, need_total - placed.rule_bound,
+                           need_total - placed.upper_bound, placed.optimal, placement)
+    # a piece no surviving device holds is lost: check once per (new class, old kind) in use
+    ranks = np.arange(curr.world_size)
+    classes = (ranks // (curr.tp * curr.dp)) * curr.tp + ranks % curr.tp
+    pairs = np.unique(classes * (empty_kind + 1) + kind_of[list(placed.devices)])
+    failed_holders: dict[int, list[int]] = {}
+    for d in sorted(failed):
+        failed_holders.setdefault(int(kind_of[d]), []).append(d)
+    check_lost(Needs(prev_cfg, model.layers, units, bm), curr_ws, prev_ws,
+               [(int(c), None if int(k) == empty_kind else int(k)) for c, k in zip(*divmod(pairs, empty_kind + 1))],
+               set(np.unique(kind_of[alive]).tolist()) - {empty_kind}, failed_holders)
+    object.__setattr__(result, "plan_ms", (time.perf_counter() - t0) * 1000)
+    return result
 
 
 def _check_devices(prev: RankMap, topology: Topology, failed: frozenset[int] | set[int]) -> None:

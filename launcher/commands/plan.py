@@ -46,7 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "so losing one node leaves a full replica (gradient all-reduce then crosses nodes); "
                         "packed: fewest bytes and nodes only")
     p.add_argument("--failed", default="", metavar="IDS", help="comma-separated failed device ids, e.g. 3,5")
-    p.add_argument("--json", action="store_true", help="print one JSON object (with every instruction)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--instructions", action="store_true",
+                   help="with --json: include every device's instructions (large at scale; each worker "
+                        "derives its own from the placement)")
 
 
 def _parse_failed(text: str) -> frozenset[int]:
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         result = plan(model, prev, curr, topo, failed, placement=args.placement)
     except LayoutError as exc:
         raise UsageError(str(exc)) from None
-    print(result.to_json() if args.json else render(result))
+    print(result.to_json(instructions=args.instructions) if args.json else render(result))
     return 0
 
 

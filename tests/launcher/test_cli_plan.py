@@ -11,7 +11,7 @@ def elastic(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_plan_json_has_the_documented_keys():
-    out = elastic("plan", *ARGS, "--from", "pp4tp2dp1", "--to", "pp6tp4dp1", "--gpus-per-node", "4", "--json")
+    out = elastic("plan", *ARGS, "--from", "pp4tp2dp1", "--to", "pp6tp4dp1", "--gpus-per-node", "4", "--json", "--instructions")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     for key in ("pairs", "placement", "instructions", "bytes_moved", "bytes_state_total", "bytes_checkpoint",

@@ -111,3 +111,22 @@ def test_tp_groups_stay_inside_a_node_when_they_fit(case):
         for dp in range(curr.dp):
             nodes = {topo.devices[p.curr.devices[curr.rank(pp, dp, t)]].node for t in range(curr.tp)}
             assert len(nodes) == 1, f"TP group pp{pp} dp{dp} spans {nodes}"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(cases())
+def test_each_device_expands_exactly_its_share_of_the_instructions(case):
+    prev, curr, topo, failed = case
+    p = _plan_or_lost(prev, curr, topo, failed)
+    if p is None:
+        return
+    from migrate import MigrationPlan
+
+    posted = MigrationPlan.from_dict(p.to_dict(instructions=False))  # what a worker receives
+    devices = set(p.curr.devices) | set(p.prev.devices) - set(failed)
+    mine = sorted((i.op, i.src, i.dst, i.segment) for d in devices for i in posted.instructions_for(d))
+    assert mine == sorted((i.op, i.src, i.dst, i.segment) for i in p.instructions)
+    sends, recvs = p._per_device("send"), p._per_device("recv")
+    assert sum(recvs.values()) == sum(i.nbytes for i in p.instructions if i.op == "recv") == p.bytes_moved
+    assert sends == {d: sum(i.nbytes for i in p.instructions if i.op == "send" and i.src == d)
+                     for d in {i.src for i in p.instructions if i.op == "send"}}
