@@ -140,8 +140,7 @@ def _launcher(cfg: BenchConfig, nodes: int, workdir: Path, job: str, resume: boo
     prev, curr = (ParallelConfig.parse(x) for x in PAPER_SCENARIOS[job.removeprefix("bench-")])
     opts = Options(1, nodes, cfg.gpus_per_node, [prev, curr], command, job_name=job, poll=0.05,
                    ready_timeout=600, migrate_timeout=600, model=model, checkpoint_dir=workdir / "ckpt",
-                   resume=resume)
-    opts.release_early = cfg.release_early  # read by the launcher when it posts a migration
+                   resume=resume, release_early=cfg.release_early)
     store = Store(f"sqlite:///{workdir / 'bench.db'}")
     backend = LocalNodes(max(prev.world_size, curr.world_size) // cfg.gpus_per_node, cfg.gpus_per_node,
                          log_dir=workdir / "logs" / job)

@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="write a safety checkpoint every N steps in the background (training pauses only for "
                         "the in-memory copy); a failure that no DP replica covers restarts from it (default 0: never)")
+    p.add_argument("--release-early", action="store_true",
+                   help="migrations free each old tensor after its last send: lower peak memory, but a failure "
+                        "half way then needs DP replicas or a checkpoint instead of the old layout")
     p.add_argument("--resume", action="store_true",
                    help="resume the suspended job of --job-name from its checkpoint (the database's, else the "
                         "newest complete one in --checkpoint-dir) on whatever layout fits now, at the next step")
@@ -146,6 +149,7 @@ class Options:
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    release_early: bool = False  # migrations free old tensors as they are sent (lower peak memory)
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -177,7 +181,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
                    master_addr=args.master_addr or "127.0.0.1", master_port=args.master_port, poll=args.poll,
                    ready_timeout=args.ready_timeout, migrate_timeout=args.migrate_timeout,
                    companion_timeout=args.companion_timeout, model=model,
-                   checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume)
+                   checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
+                   release_early=args.release_early)
 
 
 def default_checkpoint_dir(db_url: str | None, job_name: str) -> Path:

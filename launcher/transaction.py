@@ -148,7 +148,8 @@ class Transaction:
         job.epoch = e
         job.ctl.post({"epoch": e, "kind": "migrate", "plan": p.to_dict(instructions=False), "participants": participants,
                       "exit_ok": sorted(d for n in leaving for d in job.node_devices(n)),
-                      "exit_fail": sorted(d for n in new_nodes for d in job.node_devices(n)), "urgent": urgent})
+                      "exit_fail": sorted(d for n in new_nodes for d in job.node_devices(n)), "urgent": urgent,
+                      "release_early": job.opts.release_early})
         job.log(f"event {e}: {self.out.from_layout} -> {self.out.to_layout} on {','.join(target)} ({self.trigger})")
         results = job.wait_results(e, participants)
         self.out.at_step = job.ctl.at(e)

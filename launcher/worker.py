@@ -113,6 +113,7 @@ class Worker:
         self.ckpt_group = None  # gloo group of the training world for background saves
         self.pending = None  # (future, step, coordinator?) of a safety checkpoint being written
         self.used_dcp = False
+        self.prepared: dict[int, dict] = {}  # event -> new tensors allocated ahead of that migration
 
     def _die(self, point: str, n: int | None = None) -> None:
         if self.fault and self.fault[0] == point and (self.fault[1] is None or n is None or n >= self.fault[1]):
@@ -299,6 +300,17 @@ class Worker:
             except OSError as exc:
                 self.log(f"safety checkpoint of step {step} not published: {exc}")
 
+    def _prepare(self, ev: dict) -> None:
+        """Allocate the new state this worker will receive (migrate.executor.prepare_targets) for
+        migrate event `ev`, unless it releases old tensors early (then memory, not time, comes first)."""
+        if ev["kind"] != "migrate" or self.device not in ev["participants"] or ev.get("release_early") \
+                or ev["epoch"] in self.prepared:
+            return
+        from migrate.executor import prepare_targets
+        from migrate.plan import MigrationPlan
+
+        self.prepared[ev["epoch"]] = prepare_targets(MigrationPlan.from_dict(ev["plan"]), self.device)
+
     def _migrate(self, ev: dict) -> bool:
         import torch.distributed as dist
 
@@ -313,7 +325,11 @@ class Worker:
         state = self.trainer.export_state() if self.trainer is not None else self.kept
         if self.device in p.failed:
             state = None
+        if self.trainer is not None:
+            self.trainer.opt.__dict__.pop("step", None)  # the commit hook's cycle would keep old tensors alive
         self.trainer = None
+        self._prepare(ev)  # a joining worker allocates while it waits for the old layout's last step
+        targets = self.prepared.pop(e, None)
         result = {"ok": False, "phases": {}, "error": None, "units_verified": 0}
         try:
             try:
@@ -323,7 +339,8 @@ class Worker:
                 raise MigrationError(f"device {self.device}: {exc}; old layout kept") from None
             t1 = time.perf_counter()
             hook = (lambda r: self._die("round", r)) if self.fault and self.fault[0] == "round" else None
-            res = execute(p, self.device, state, world_rank={d: i for i, d in enumerate(participants)}, on_round=hook)
+            res = execute(p, self.device, state, world_rank={d: i for i, d in enumerate(participants)}, on_round=hook,
+                          release_early=bool(ev.get("release_early")), targets=targets)
             self._die("commit")
             if not self.ctl.decide(f"ev/{e}/commit", len(participants)):
                 raise MigrationError(f"device {self.device}: another participant failed or the launcher vetoed "
@@ -398,6 +415,7 @@ class Worker:
         if ev is not None:
             if not ev.get("urgent"):
                 at = self.ctl.agree_at(self.epoch, self.trainer.step_no)
+                self._prepare(ev)  # while the old layout still trains, outside the pause
                 while self.trainer.step_no < at:
                     self._step()
             return self.handle(ev)
@@ -496,12 +514,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         traceback.print_exc()
         rc = 1
-    if worker is not None and worker.used_dcp:
-        # DCP leaves gloo threads that can SIGABRT the interpreter's teardown (facts.md): skip it
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
-    return rc
+    # Skip the interpreter's teardown: DCP leaves gloo threads that can SIGABRT it (facts.md), and a
+    # departing worker's teardown takes CPU from the new layout's first steps (2 cores, many workers).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,48 @@ CHUNK_BYTES = 64 << 20
 MIN_CHUNK_BYTES = 256 << 10
 
 
-def auto_chunk_bytes(plan: MigrationPlan) -> int:
-    """Round size: 5% of the smallest new shard (so buffers stay within the 1.1x memory goal), at most 64 MiB."""
+SAFE_SHARE = 0.25  # round size as a share of the smallest new shard, old state kept until the commit
+EARLY_SHARE = 0.05  # ... when old tensors are released as they are sent (the 1.1x memory goal)
+
+
+def auto_chunk_bytes(plan: MigrationPlan, share: float = EARLY_SHARE) -> int:
+    """Round size: `share` of the smallest new shard, at most 64 MiB. Only the column-slice buffer and
+    the senders' contiguous copies scale with it; every round costs a synchronisation of its pairs, so
+    the safe mode, which holds old and new state anyway, takes fewer and larger rounds."""
     from migrate.workload import ByteModel, class_workloads
 
     needs = ByteModel.of_model(plan.model, plan.units).need(
         class_workloads(plan.curr.layout, plan.model.layers, plan.units))
-    return int(max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, int(needs.min()) // 20)))
+    return int(max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, int(needs.min() * share))))
+
+
+def _whole_refer(spec: TensorSpec, old_w: Workload | None, new_w: Workload | None) -> bool:
+    """The device keeps this tensor's shard unchanged: the new state takes the very old tensor."""
+    return old_w is not None and new_w is not None and local_shape(spec, old_w) == local_shape(spec, new_w) \
+        and shard_range(spec, old_w) == shard_range(spec, new_w)
+
+
+def prepare_targets(plan: MigrationPlan, device: int, chunk_bytes: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
+    """The new tensors `device` will fill, allocated and written once now, so that the transfer lands in
+    memory that is already mapped (receiving into fresh memory is 3-8x slower on CPU, facts.md).
+    Called before the pause (a worker does it when it learns of the migration, while it still trains),
+    it takes the page faults out of the pause. Tensors the device keeps unchanged are not allocated."""
+    model, units = plan.model, plan.units
+    old_rank, new_rank = plan.prev.rank_of().get(device), plan.curr.rank_of().get(device)
+    if new_rank is None:
+        return {}
+    old_w = rank_workload(plan.prev.layout, old_rank, model.layers, units) if old_rank is not None else None
+    new_w = rank_workload(plan.curr.layout, new_rank, model.layers, units)
+    dtype = {k: TORCH_DTYPES[model.dtype] if k == "param" else torch.float32 for k in model.state_kinds}
+    out: dict[str, dict[str, torch.Tensor]] = {k: {} for k in model.state_kinds}
+    for rnd in schedule(plan, chunk_bytes):
+        for p in rnd:
+            if p.dst != device or p.spec.name in out[p.kind]:
+                continue
+            if p.src == device and _whole_refer(p.spec, old_w, new_w):
+                continue
+            out[p.kind][p.spec.name] = torch.zeros(local_shape(p.spec, new_w), dtype=dtype[p.kind])
+    return out
 
 
 class MigrationError(RuntimeError):
@@ -67,6 +102,7 @@ class ExecResult:
     peak_bytes: int = 0
     steady_bytes: int = 0
     units_verified: int = 0
+    targets_unused: int = 0  # tensors allocated ahead (prepare_targets) that the plan did not fill
     notes: list[str] = field(default_factory=list)
 
 
@@ -154,7 +190,8 @@ class DeviceExecutor:
 
     def __init__(self, plan: MigrationPlan, device: int, state: LocalState | None,
                  world_rank: Mapping[int, int] | None = None, chunk_bytes: int | None = None,
-                 on_round: Callable[[int], None] | None = None, release_early: bool = False) -> None:
+                 on_round: Callable[[int], None] | None = None, release_early: bool = False,
+                 targets: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
         self.plan, self.device, self.old = plan, device, state
         self.on_round = on_round  # fault injection in tests
         # release_early: drop each old tensor after its last use (lower peak memory, but a failure
@@ -164,7 +201,7 @@ class DeviceExecutor:
         self.torch_device = torch.device("cuda", torch.cuda.current_device()) \
             if dist.is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu")
         self.world_rank = world_rank or {d: d for d in range(len(plan.topology.devices))}
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = chunk_bytes or auto_chunk_bytes(plan, EARLY_SHARE if release_early else SAFE_SHARE)
         model, units = plan.model, plan.units
         old_rank = plan.prev.rank_of().get(device)
         self.old_w = rank_workload(plan.prev.layout, old_rank, model.layers, units) if old_rank is not None else None
@@ -174,6 +211,7 @@ class DeviceExecutor:
             raise MigrationError(f"device {device} is marked failed in the plan and cannot take part")
         if self.old_w is not None and state is None:
             raise MigrationError(f"device {device} ran old rank {old_rank} but has no state to migrate")
+        self.targets = targets or {}  # new tensors allocated ahead (prepare_targets), by kind and name
 
     def run(self) -> ExecResult:
         model, units = self.plan.model, self.plan.units
@@ -201,7 +239,9 @@ class DeviceExecutor:
         def target(p: Piece) -> torch.Tensor:
             t = new[p.kind].get(p.spec.name)
             if t is None:
-                t = torch.empty(local_shape(p.spec, self.new_w), dtype=dtype[p.kind], device=self.torch_device)
+                t = self.targets.get(p.kind, {}).pop(p.spec.name, None)
+                if t is None or t.device != self.torch_device:
+                    t = torch.empty(local_shape(p.spec, self.new_w), dtype=dtype[p.kind], device=self.torch_device)
                 new[p.kind][p.spec.name] = t
                 ledger.add(t)
             return _view(t, p.spec, self.new_w, p.lo, p.hi, units)[p.row_lo:p.row_hi]
@@ -213,8 +253,7 @@ class DeviceExecutor:
             for p in rnd:
                 if p.src == p.dst:
                     src = self.old.tensors[p.kind][p.spec.name]
-                    if local_shape(p.spec, self.old_w) == local_shape(p.spec, self.new_w) \
-                            and shard_range(p.spec, self.old_w) == shard_range(p.spec, self.new_w):
+                    if _whole_refer(p.spec, self.old_w, self.new_w):
                         new[p.kind][p.spec.name] = src  # unchanged shard: keep the very tensor
                     else:
                         target(p).copy_(_view(src, p.spec, self.old_w, p.lo, p.hi, units))
@@ -261,7 +300,8 @@ class DeviceExecutor:
                 raise MigrationError(f"device {self.device}: the plan left {len(missing)} tensors unfilled, e.g. {missing[:3]}")
             state = LocalState(new, self.old.step if self.old else -1, dict(self.old.meta) if self.old else {})
         new_bytes = state.nbytes() if state else 0
-        return ExecResult(state, {}, sent, received, ledger.peak, max(old_bytes, new_bytes))
+        unused = sum(len(per) for per in self.targets.values())
+        return ExecResult(state, {}, sent, received, ledger.peak, max(old_bytes, new_bytes), targets_unused=unused)
 
 
 def unit_checksums(model: ModelSpec, state: LocalState, w: Workload, units: int) -> dict[tuple[str, str, int], int]:
@@ -303,7 +343,8 @@ def _judge(gathered: list, verify: bool) -> tuple[list[str], int, dict | None]:
 
 def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_rank: Mapping[int, int] | None = None,
             chunk_bytes: int | None = None, verify: bool = True, group=None,
-            on_round: Callable[[int], None] | None = None, release_early: bool = False) -> ExecResult:
+            on_round: Callable[[int], None] | None = None, release_early: bool = False,
+            targets: dict[str, dict[str, torch.Tensor]] | None = None) -> ExecResult:
     """Run this device's part of `plan` and verify the result; all devices of the plan must call it.
 
     Returns the new state (None on a device that leaves). Raises MigrationError on any failure
@@ -313,7 +354,7 @@ def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_ra
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     try:
-        ex = DeviceExecutor(plan, device, state, world_rank, chunk_bytes, on_round, release_early)
+        ex = DeviceExecutor(plan, device, state, world_rank, chunk_bytes, on_round, release_early, targets)
         before: dict = {}
         if verify and ex.old_w is not None:
             before = unit_checksums(model, state, ex.old_w, units)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from migrate.executor import MigrationError, execute
+from migrate.executor import MigrationError, execute, prepare_targets
 from migrate.layout import ModelSpec, ParallelConfig
 from migrate.plan import plan
 from migrate.state import LocalState, initial_state
@@ -60,6 +60,8 @@ class DeviceReport:
     peak_bytes: int = 0
     steady_bytes: int = 0
     bytes_received: int = 0
+    targets_prepared: int = 0  # new tensors allocated ahead of the migration
+    targets_unused: int = 0  # ... of which the migration did not fill (should be none)
     state_before: bytes | None = None
     state_after: bytes | None = None  # new state, or the old one after a failed migration
 
@@ -109,6 +111,10 @@ def _worker(device: int, sc: Scenario, port: int, queue) -> None:
     state = trainer.export_state() if trainer else None
     if sc.collect_state:
         report.state_before = _dump(state)
+    # what a worker does when it learns of the migration, while it still trains: allocate the new tensors
+    targets = None if sc.release_early else \
+        prepare_targets(plan(sc.model, sc.prev, sc.curr, sc.topology(), frozenset(sc.failed)), device)
+    report.targets_prepared = sum(len(per) for per in (targets or {}).values())
     dist.barrier(group=mig_group)
     t0 = time.perf_counter()
     p = plan(sc.model, sc.prev, sc.curr, sc.topology(), frozenset(sc.failed))
@@ -122,7 +128,7 @@ def _worker(device: int, sc: Scenario, port: int, queue) -> None:
         trainer = None  # the executor must hold the only references for old tensors to be freed
     try:
         result = execute(p, device, state, chunk_bytes=sc.chunk_bytes, group=mig_group, on_round=hook,
-                         release_early=sc.release_early)
+                         release_early=sc.release_early, targets=targets)
     except MigrationError as exc:
         report.error = str(exc)
         report.state_after = _dump(state) if sc.collect_state else None
@@ -132,6 +138,7 @@ def _worker(device: int, sc: Scenario, port: int, queue) -> None:
         os._exit(0)  # the process group is broken by the dead peer; nothing else to tear down
     report.phases = {"plan": t_plan, **result.phases}
     report.peak_bytes, report.steady_bytes, report.bytes_received = result.peak_bytes, result.steady_bytes, result.bytes_received
+    report.targets_unused = result.targets_unused
     t1 = time.perf_counter()
     new_rank = p.curr.rank_of().get(device)
     new_groups = Groups(sc.curr, list(p.curr.devices), new_rank)

@@ -58,6 +58,9 @@ def test_migration_keeps_state_and_losses(name, reference_losses):
                   gpus_per_node=4)
     reports = run_scenario(sc)
     assert not [r.error for r in reports if r.error]
+    # the new tensors allocated ahead (prepare_targets) are exactly the ones the plan filled
+    assert [r.targets_unused for r in reports] == [0] * len(reports)
+    assert sum(r.targets_prepared for r in reports) > 0
     before, _ = _full_state(sc, [r for r in reports if r.device not in failed], "prev")
     after, states = _full_state(sc, reports, "curr")
     assert before.keys() == after.keys()
