@@ -4,8 +4,13 @@
 holds `devices` devices. With a `layouts` list (the user's `--layouts`, in order of
 preference) it takes the valid listed layout that uses the most devices, ties going to the
 earlier entry. Without a list it searches every PP x TP x DP grid. A layout is valid when it
-fits the devices, TP stays inside a node (tp divides gpus_per_node), layers % pp == 0, and
-heads, ffn and vocab divide by tp.
+fits the devices, every TP group fits inside one node, layers % pp == 0, and heads, ffn and
+vocab divide by tp.
+
+`gpus_per_node` is one count (all nodes alike: tp must divide it) or the GPU count of each
+node held (uneven nodes, e.g. (4, 4, 2, 2)): then a TP group may use any tp GPUs of a node,
+and the nodes must seat pp * dp groups, sum(size // tp) >= pp * dp. A TP group never spans
+nodes; when nothing fits without spanning, the error says so.
 """
 from __future__ import annotations
 
@@ -18,12 +23,30 @@ class NoLayoutError(LayoutError):
     """No layout fits the devices: the message says what was tried."""
 
 
-def why_invalid(cfg: ParallelConfig, devices: int, gpus_per_node: int, model: ModelSpec | None) -> str | None:
+def _tp_room(cfg: ParallelConfig, gpus_per_node: int | Sequence[int]) -> str | None:
+    """None when the TP groups of `cfg` fit inside nodes, else why not."""
+    if isinstance(gpus_per_node, int):
+        if gpus_per_node % cfg.tp:
+            return f"{cfg}: tp={cfg.tp} does not fit inside a {gpus_per_node}-GPU node"
+        return None
+    sizes = list(gpus_per_node)
+    if cfg.tp > max(sizes, default=0):
+        return f"{cfg}: tp={cfg.tp} does not fit inside any node (the largest has {max(sizes, default=0)} GPUs)"
+    groups = sum(s // cfg.tp for s in sizes)
+    if groups < cfg.pp * cfg.dp:
+        return (f"{cfg}: nodes of {','.join(map(str, sizes))} GPUs seat only {groups} TP groups of {cfg.tp} "
+                f"inside a node, {cfg.pp * cfg.dp} needed")
+    return None
+
+
+def why_invalid(cfg: ParallelConfig, devices: int, gpus_per_node: int | Sequence[int],
+                model: ModelSpec | None) -> str | None:
     """None when `cfg` can run on `devices` devices, else the reason in words."""
     if cfg.world_size > devices:
         return f"{cfg} needs {cfg.world_size} devices, only {devices} left"
-    if gpus_per_node % cfg.tp:
-        return f"{cfg}: tp={cfg.tp} does not fit inside a {gpus_per_node}-GPU node"
+    room = _tp_room(cfg, gpus_per_node)
+    if room:
+        return room
     if model is not None:
         try:
             model.check_config(cfg)
@@ -32,11 +55,12 @@ def why_invalid(cfg: ParallelConfig, devices: int, gpus_per_node: int, model: Mo
     return None
 
 
-def candidates(devices: int, gpus_per_node: int, model: ModelSpec | None) -> list[ParallelConfig]:
+def candidates(devices: int, gpus_per_node: int | Sequence[int], model: ModelSpec | None) -> list[ParallelConfig]:
     """Every valid layout on at most `devices` devices, most devices first, then less PP, more TP."""
+    largest = gpus_per_node if isinstance(gpus_per_node, int) else max(gpus_per_node, default=0)
     out = []
     for pp in range(1, devices + 1):
-        for tp in range(1, gpus_per_node + 1):
+        for tp in range(1, largest + 1):
             for dp in range(1, devices // (pp * tp) + 1):
                 cfg = ParallelConfig(pp=pp, tp=tp, dp=dp)
                 if why_invalid(cfg, devices, gpus_per_node, model) is None:
@@ -44,7 +68,13 @@ def candidates(devices: int, gpus_per_node: int, model: ModelSpec | None) -> lis
     return sorted(out, key=lambda c: (-c.world_size, c.pp, -c.tp))
 
 
-def choose_layout(devices: int, gpus_per_node: int, layouts: Sequence[ParallelConfig] = (),
+def _nodes_text(gpus_per_node: int | Sequence[int]) -> str:
+    if isinstance(gpus_per_node, int):
+        return f"{gpus_per_node} GPUs per node"
+    return f"nodes of {','.join(map(str, gpus_per_node))} GPUs"
+
+
+def choose_layout(devices: int, gpus_per_node: int | Sequence[int], layouts: Sequence[ParallelConfig] = (),
                   model: ModelSpec | None = None) -> ParallelConfig:
     """The layout to run on `devices` devices (see the module docstring); NoLayoutError if none."""
     if devices < 1:
@@ -53,11 +83,13 @@ def choose_layout(devices: int, gpus_per_node: int, layouts: Sequence[ParallelCo
         valid = [c for c in layouts if why_invalid(c, devices, gpus_per_node, model) is None]
         if not valid:
             reasons = "; ".join(why_invalid(c, devices, gpus_per_node, model) or "" for c in layouts)
-            raise NoLayoutError(f"none of the layouts fits {devices} devices ({reasons})")
+            spanning = "" if isinstance(gpus_per_node, int) else " without a TP group spanning nodes"
+            raise NoLayoutError(f"none of the layouts fits {devices} devices{spanning} ({reasons})")
         return max(valid, key=lambda c: (c.world_size, -list(layouts).index(c)))
     found = candidates(devices, gpus_per_node, model)
     if not found:
-        raise NoLayoutError(f"no PP x TP x DP layout fits {devices} devices with {gpus_per_node} GPUs per node")
+        raise NoLayoutError(f"no PP x TP x DP layout fits {devices} devices with {_nodes_text(gpus_per_node)} "
+                            "without a TP group spanning nodes")
     return found[0]
 
 

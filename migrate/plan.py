@@ -12,7 +12,7 @@ from functools import cached_property
 
 import numpy as np
 
-from migrate.allocator import Allocator
+from migrate.allocator import Allocator, Placement
 from migrate.instructions import Expander, Instruction, Needs, check_lost
 from migrate.layout import LayoutError, ModelSpec, ParallelConfig
 from migrate.topology import RankMap, Topology
@@ -174,16 +174,9 @@ def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig,
     cost = bm.cost(curr_ws, prev_ws + [EMPTY])  # last column: a device that holds nothing
 
     empty_kind = len(prev_ws)
-    kind_of = np.full(len(topology.devices), empty_kind, dtype=np.int64)
-    prev_ranks = np.arange(prev_cfg.world_size)
-    kind_of[list(prev_map.devices)] = (prev_ranks // (prev_cfg.tp * prev_cfg.dp)) * prev_cfg.tp + prev_ranks % prev_cfg.tp
-    alive = np.ones(len(topology.devices), dtype=bool)
-    alive[list(failed)] = False
-    device_kind = dict(zip(np.flatnonzero(alive).tolist(), kind_of[alive].tolist()))
-
-    need = cost[:, -1]
-    placed = Allocator(curr, need[:, None] - cost, device_kind, topology, tp_in_node, placement).place()
-    need_total = int(need.sum()) * curr.dp
+    kind_of, alive = _device_kinds(prev_map, topology, failed)
+    placed = place(curr, cost, prev_map, topology, failed, tp_in_node, placement)
+    need_total = int(cost[:, -1].sum()) * curr.dp
 
     used_before = {topology.devices[d].node for d in prev_map.devices if d not in failed}
     used_after = {topology.devices[d].node for d in placed.devices}
@@ -204,6 +197,34 @@ def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig,
                set(np.unique(kind_of[alive]).tolist()) - {empty_kind}, failed_holders)
     object.__setattr__(result, "plan_ms", (time.perf_counter() - t0) * 1000)
     return result
+
+
+def _device_kinds(prev: RankMap, topology: Topology, failed) -> tuple[np.ndarray, np.ndarray]:
+    """(old class each device holds, or the empty kind; which devices are alive)."""
+    cfg = prev.layout
+    empty_kind = cfg.pp * cfg.tp
+    kind_of = np.full(len(topology.devices), empty_kind, dtype=np.int64)
+    ranks = np.arange(cfg.world_size)
+    kind_of[list(prev.devices)] = (ranks // (cfg.tp * cfg.dp)) * cfg.tp + ranks % cfg.tp
+    alive = np.ones(len(topology.devices), dtype=bool)
+    alive[list(failed)] = False
+    return kind_of, alive
+
+
+def place(curr: ParallelConfig, cost: np.ndarray, prev: RankMap, topology: Topology,
+          failed: frozenset[int] | set[int] = frozenset(), tp_in_node: bool = True,
+          placement: str = "packed") -> Placement:
+    """Where the ranks of `curr` go for any byte workload: the planner's interface to a state source.
+
+    cost[new class, old class] is the bytes a rank of a new class (pp * tp + tp rank) lacks on a
+    device holding an old class, with a last column for a device that holds nothing. The
+    reference GPT's comes from `ByteModel`; any model's from its state manifests
+    (`migrate.manifest.class_cost(new, old + [empty manifest])`).
+    """
+    kind_of, alive = _device_kinds(prev, topology, failed)
+    device_kind = dict(zip(np.flatnonzero(alive).tolist(), kind_of[alive].tolist()))
+    need = cost[:, -1]
+    return Allocator(curr, need[:, None] - cost, device_kind, topology, tp_in_node, placement).place()
 
 
 def _check_devices(prev: RankMap, topology: Topology, failed: frozenset[int] | set[int]) -> None:

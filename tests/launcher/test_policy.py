@@ -71,3 +71,24 @@ def test_listed_choice_is_a_valid_member_with_the_most_devices(devices, picks):
     cfg = choose_layout(devices, 4, layouts, MODEL)
     assert cfg in valid
     assert cfg.world_size == max(c.world_size for c in valid)
+
+
+def test_uneven_nodes_seat_tp_groups_inside_nodes():
+    sizes = (4, 4, 2, 2)
+    assert choose_layout(12, sizes, [P("pp2tp4dp1"), P("pp3tp4"), P("pp2tp2dp3")], MODEL) == P("pp2tp2dp3")
+    assert "seat only 2 TP groups of 4" in why_invalid(P("pp3tp4"), 12, sizes, MODEL)
+    assert "does not fit inside any node" in why_invalid(P("tp8"), 12, sizes, MODEL)
+    with pytest.raises(NoLayoutError, match="without a TP group spanning nodes"):
+        choose_layout(12, sizes, [P("pp3tp4")], MODEL)
+    assert choose_layout(12, sizes, (), MODEL).world_size == 12
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=5),
+       layers=st.sampled_from([1, 2, 3, 4, 6, 8, 12, 24]), heads=st.sampled_from([1, 2, 4, 8]))
+def test_free_choice_on_uneven_nodes_fits_inside_nodes(sizes, layers, heads):
+    model = ModelSpec(layers=layers, hidden=64 * heads, heads=heads, vocab=1024)
+    devices = sum(sizes)
+    cfg = choose_layout(devices, sizes, (), model)
+    assert sum(s // cfg.tp for s in sizes) >= cfg.pp * cfg.dp  # every TP group inside one node
+    assert cfg.world_size == devices  # dp alone always fits

@@ -130,3 +130,20 @@ def test_each_device_expands_exactly_its_share_of_the_instructions(case):
     assert sum(recvs.values()) == sum(i.nbytes for i in p.instructions if i.op == "recv") == p.bytes_moved
     assert sends == {d: sum(i.nbytes for i in p.instructions if i.op == "send" and i.src == d)
                      for d in {i.src for i in p.instructions if i.op == "send"}}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(cases())
+def test_resilient_placement_survives_any_one_node_or_says_why_not(case):
+    prev, curr, topo, failed = case
+    p = _plan_or_lost(prev, curr, topo, failed, placement="resilient")
+    if p is None:
+        return
+    packed = _plan_or_lost(prev, curr, topo, failed, placement="packed")
+    from migrate.allocator import survives_node_loss
+
+    if curr.dp >= 2 and not any("node loss loses state" in n for n in p.notes):
+        assert survives_node_loss(curr, p.curr.devices, topo)
+    # the rule costs nodes or bytes, never saves them
+    used = lambda q: len({topo.devices[d].node for d in q.curr.devices})  # noqa: E731
+    assert (used(p), p.bytes_moved) >= (used(packed), packed.bytes_moved)
