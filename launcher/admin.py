@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from db.requests import validate_request
 from launcher.transaction import Outcome
 
 if TYPE_CHECKING:
@@ -26,7 +27,13 @@ def trigger_of(la: "Launcher", req) -> str:
 
 
 def carry_out(la: "Launcher", req, trigger: str) -> Outcome:
-    """Decide what the request asks of the running job and do it."""
+    """Decide what the request asks of the running job and do it (after the shared validation,
+    db.requests, on the nodes the launcher really holds: a request queued before a change may no
+    longer fit)."""
+    try:
+        validate_request(la.db.get_job(la.job_id), list(la.active), (), req.action, req.params)
+    except ValueError as exc:
+        return Outcome(trigger, False, str(exc))
     active, opts = len(la.active), la.opts
     if req.action in ("grow", "shrink"):
         n = int(req.params.get("nodes", 0))

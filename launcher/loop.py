@@ -234,7 +234,8 @@ class Launcher:
         if job is None:
             self.job_id = self.db.create_job(self.opts.job_name, str(layout), self.gpn,
                                              self.opts.max_nodes * self.gpn, slurm_job_id=self.slurm_job_id,
-                                             pinned_node=self.backend.batch_node, nodes=nodes)
+                                             pinned_node=self.backend.batch_node, nodes=nodes,
+                                             min_nodes=self.opts.min_nodes)
         else:  # the same job goes on: its history, requests and epochs continue
             self.job_id = job.id
             continue_job(self, job, nodes)

@@ -1,13 +1,14 @@
 """`elastic preempt JOB --nodes n3,n4 | --count N`: ask a job to give nodes back.
 
-Like resize, this only queues an admin request for the launcher (plus an audit row).
+Like resize, this only queues an admin request for the launcher (plus an audit row), after the
+shared validation (db.requests): never every node, never below the job's MIN, no duplicates.
 """
 from __future__ import annotations
 
 import argparse
 
-from launcher.commands.history import add_db_argument, open_store
-from launcher.commands.resize import lookup_job, nodes_held, queue, requester
+from launcher.commands.history import add_db_argument
+from launcher.commands.resize import request
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,25 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from launcher.cli import UsageError
 
-    store = open_store(args.db)
-    try:
-        job = lookup_job(store, args.job)
-        held = nodes_held(store, job.id)
-        if args.nodes is not None:
-            wanted = list(dict.fromkeys(n.strip() for n in args.nodes.split(",") if n.strip()))
-            if not wanted:
-                raise UsageError("--nodes is empty; give e.g. --nodes n3,n4")
-            unknown = [n for n in wanted if n not in held]
-            if unknown:
-                raise UsageError(f"job {job.name} does not hold {', '.join(unknown)}; it holds "
-                                 f"{', '.join(held) or 'no nodes'}")
-            params: dict[str, object] = {"nodes": wanted}
-        else:
-            if not 1 <= args.count <= len(held):
-                raise UsageError(f"--count must be 1..{len(held)} (nodes job {job.name} holds)")
-            params = {"count": args.count}
-        if job.pinned_node and job.pinned_node in params.get("nodes", []):  # type: ignore[operator]
-            raise UsageError(f"{job.pinned_node} is the job's pinned node and cannot be preempted")
-        return queue(store, job, "preempt", params, requester(args.user))
-    finally:
-        store.close()
+    if args.nodes is not None and not args.nodes.strip(", "):
+        raise UsageError("--nodes is empty; give e.g. --nodes n3,n4")
+    return request(args, "preempt", {"nodes": args.nodes} if args.nodes is not None else {"count": args.count})

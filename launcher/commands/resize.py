@@ -42,15 +42,27 @@ def lookup_job(store: "Store", ref: str) -> "Job":
     job = store.find_job(ref)
     if job is None:
         raise UsageError(f"no job {ref!r} in {store.display_url}; see `elastic history` or the dashboard")
-    if job.state != "running":
-        raise UsageError(f"job {job.name} (id {job.id}) is {job.state}, not running; nothing to change")
     return job
 
 
-def nodes_held(store: "Store", job_id: int) -> list[str]:
-    """Nodes the job's current rank map uses, in first-use order."""
-    current = store.current_rank_map(job_id)
-    return list(dict.fromkeys(e.node for e in current.entries)) if current else []
+def request(args: argparse.Namespace, action: str, raw: dict[str, object]) -> int:
+    """Validate (db.requests, the same rules as the dashboard and the launcher) and queue one request;
+    action "resize" becomes grow or shrink by the nodes the job holds now."""
+    from db.requests import check_request, held_nodes
+    from launcher.cli import UsageError
+
+    store = open_store(args.db)
+    try:
+        job = lookup_job(store, args.job)
+        if action == "resize":
+            action = "grow" if int(raw["nodes"]) > len(held_nodes(store, job.id)) else "shrink"  # type: ignore[call-overload]
+        try:
+            params = check_request(store, job, action, raw)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return queue(store, job, action, params, requester(args.user))
+    finally:
+        store.close()
 
 
 def queue(store: "Store", job: "Job", action: str, params: dict[str, object], who: str) -> int:
@@ -67,16 +79,4 @@ def run(args: argparse.Namespace) -> int:
 
     if args.nodes < 1:
         raise UsageError("--nodes must be at least 1")
-    store = open_store(args.db)
-    try:
-        job = lookup_job(store, args.job)
-        held = len(nodes_held(store, job.id))
-        if args.nodes == held:
-            raise UsageError(f"job {job.name} already runs on {held} nodes")
-        most = -(-job.max_devices // job.gpus_per_node)
-        if args.nodes > most:
-            raise UsageError(f"job {job.name} can use at most {most} nodes ({job.max_devices} devices)")
-        action = "grow" if args.nodes > held else "shrink"
-        return queue(store, job, action, {"nodes": args.nodes}, requester(args.user))
-    finally:
-        store.close()
+    return request(args, "resize", {"nodes": args.nodes})

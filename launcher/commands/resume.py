@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-from launcher.commands.suspend import add_arguments, request
+from launcher.commands.resize import request
+from launcher.commands.suspend import add_arguments
 
 __all__ = ["add_arguments", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
-    return request(args, "resume", "suspended")
+    return request(args, "resume", {})

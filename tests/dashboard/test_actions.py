@@ -6,9 +6,11 @@ from typing import Any
 import pytest
 
 from db import Store
+from tests.db.seed import spread_llama
 
 
 def test_admin_action_queues_request_and_audits(admin: Any, store: Store) -> None:
+    spread_llama(store)
     resp = admin.post("/jobs/1/preempt", data={"count": "1", "csrf_token": admin.csrf},
                       headers={"HX-Request": "true"})
     assert resp.status_code == 200 and resp.headers["HX-Trigger"] == "elastic-refresh"
@@ -28,6 +30,8 @@ def test_admin_action_queues_request_and_audits(admin: Any, store: Store) -> Non
 ])
 def test_each_action_without_htmx_redirects_back(admin: Any, store: Store, action: str,
                                                  form: dict[str, str], params: dict[str, Any]) -> None:
+    if action == "preempt":
+        spread_llama(store)
     resp = admin.post(f"/jobs/1/{action}", data={**form, "csrf_token": admin.csrf})
     assert resp.status_code == 302 and resp.headers["Location"] == "/jobs/1"
     assert store.pending_requests(1)[-1].params == params
@@ -85,3 +89,18 @@ def test_anonymous_post_is_redirected(anon: Any, store: Store) -> None:
 def test_logout(admin: Any) -> None:
     assert admin.post("/logout", data={"csrf_token": admin.csrf}).status_code == 302
     assert admin.get("/").status_code == 302
+
+
+def test_identical_pending_request_is_refused(admin: Any, store: Store) -> None:
+    assert admin.post("/jobs/1/suspend", data={"csrf_token": admin.csrf}).status_code == 302
+    resp = admin.post("/jobs/1/suspend", data={"csrf_token": admin.csrf})
+    assert resp.status_code == 400 and "already pending" in resp.text
+    assert len(store.pending_requests(1)) == 1
+
+
+def test_finished_job_gets_no_request(admin: Any, store: Store) -> None:
+    store.set_job_state(2, "finished")
+    for action, form in (("preempt", {"count": "1"}), ("suspend", {}), ("shrink", {"nodes": "1"})):
+        resp = admin.post(f"/jobs/2/{action}", data={**form, "csrf_token": admin.csrf})
+        assert resp.status_code == 400 and "is finished, not running" in resp.text
+    assert store.pending_requests(2) == []

@@ -18,7 +18,7 @@ import pytest
 from dashboard import create_app
 from db import Store
 from tests.dashboard.conftest import PASSWORDS, SECRET
-from tests.db.seed import layout_entries
+from tests.db.seed import layout_entries, spread_llama
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +103,9 @@ def test_placement_grid_follows_new_rank_map_without_reload(page: Any, server: s
 
 
 def test_admin_preempt_queues_request_and_audit(page: Any, server: str, db_url: str, tmp_path: Path) -> None:
+    store = Store(db_url)
+    spread_llama(store)  # a preempt may not take a job's last node (issue 12 item 8)
+    store.close()
     _login(page, server, "admin")
     page.fill("form[action$='/preempt'] input[name=count]", "1")
     page.click("button[name=preempt]")

@@ -56,3 +56,8 @@ def seed_demo(store: Store, clock: FakeClock | None = None) -> dict[str, int]:
     store.record_rank_map(bert, 0, "pp1tp2dp1", layout_entries(1, 2, 1, ["n2"], 4, first_gpu=2))
     tick(90)
     return {"llama": llama, "bert": bert, "migration": mid}
+
+
+def spread_llama(store: Store, llama: int = 1) -> None:
+    """Give seed_demo's llama two nodes again (n1, n3: epoch 2), so a preempt can leave it one."""
+    store.record_rank_map(llama, 2, "pp2tp2dp2", layout_entries(2, 2, 2, ["n1", "n3"], 4))

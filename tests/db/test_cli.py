@@ -11,6 +11,7 @@ import pytest
 
 from db import Store
 from launcher.cli import main
+from tests.db.seed import spread_llama
 
 
 def test_history_table_json_csv(url: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -55,6 +56,7 @@ def test_resize_and_preempt_write_requests(url: str, capsys: pytest.CaptureFixtu
     store = Store(url)
     req = store.get_request(rid)
     assert req is not None and (req.action, req.params, req.requested_by) == ("grow", {"nodes": 2}, "ops")
+    spread_llama(store)  # two nodes, so one can be preempted
     assert main(["preempt", "1", "--nodes", "n1", "--db", url]) == 0
     rid2 = int(capsys.readouterr().out.strip())
     assert store.get_request(rid2).params == {"nodes": ["n1"]}  # type: ignore[union-attr]
@@ -67,7 +69,7 @@ def test_resize_and_preempt_write_requests(url: str, capsys: pytest.CaptureFixtu
     (["resize", "llama", "--nodes", "1"], "already runs on 1"),
     (["resize", "llama", "--nodes", "9"], "at most 2 nodes"),
     (["preempt", "llama", "--nodes", "n7"], "does not hold n7"),
-    (["preempt", "llama", "--count", "5"], "--count must be"),
+    (["preempt", "llama", "--count", "5"], "none can go"),
     (["preempt", "ghost", "--count", "1"], "no job"),
 ])
 def test_bad_requests_exit_2_and_write_nothing(url: str, argv: list[str], message: str,
