@@ -4,8 +4,9 @@ embedded default without Slurm, the local backend's simulated nodes in our datab
 The app config chooses: CLUSTER_SOURCE = "auto" (default: Slurm when `sinfo` answers, else
 local), "slurm" (an unreachable Slurm is an error on the page) or "local"; CLUSTER_PARTITIONS
 (comma-separated, default all); SLURM_ENV (extra environment for the commands, e.g. SLURM_CONF).
-A snapshot is cached for CLUSTER_CACHE_SECONDS (default 1) so the page, its partials and every
-event stream share one set of Slurm calls; each fresh one is also stored as a fragmentation
+A snapshot is cached for CLUSTER_CACHE_SECONDS (default 1), unless our database's placements
+changed meanwhile, so the page, its partials and the refreshes live events cause share one set
+of Slurm calls; each fresh one is also stored as a fragmentation
 sample, at most one per CLUSTER_SAMPLE_SECONDS (default 30).
 """
 from __future__ import annotations
@@ -60,17 +61,19 @@ class ClusterSource:
         self._lock = threading.Lock()
         self._cached: tuple[float, ClusterView | None, str | None] = (0.0, None, None)
         self._why: str | None = None  # auto mode: why the view is the local one
-        self._slurm_down_until = 0.0  # auto mode: after a failure, do not ask Slurm again for a while
+        self._slurm_down_until = 0.0
+        self._marks: tuple[Any, ...] = ()  # auto mode: after a failure, do not ask Slurm again for a while
 
     def view(self) -> tuple[ClusterView, str | None]:
         """(the view, a one-line warning or None). With "auto", a Slurm that does not answer
         falls back to the local view and says why; with "slurm" it is an error (SlurmReadError)."""
+        marks = self.store.change_marks()["placement"]  # a placement change in our database: read afresh
         with self._lock:
             at, cached, warning = self._cached
-            if cached is not None and time.monotonic() - at < self.cache_s:
+            if cached is not None and time.monotonic() - at < self.cache_s and marks == self._marks:
                 return cached, warning
             view, warning = self._read()
-            self._cached = (time.monotonic(), view, warning)
+            self._cached, self._marks = (time.monotonic(), view, warning), marks
             self._sample(view)  # only fresh reads: a cached view was sampled when it was read
         return view, warning
 

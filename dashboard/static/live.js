@@ -1,7 +1,9 @@
 /* Live updates: while a page has a [data-live] element, one EventSource on its URL (/events).
    Each event refreshes the page's panels (an `elastic-refresh` on body, the event htmx panels
-   already listen to) and is written to #live-log. While the stream is open, the panels' 5 s
-   polling (hx-trigger "every 5s", marked data-poll) is skipped; when it closes, polling resumes.
+   already listen to) and is written to #live-log. While the stream is open, the 5 s polling of
+   panels whose every change the events announce (marked data-live-covered: the database is their
+   only source) is skipped; when it closes, polling resumes. Panels that also show what only Slurm
+   knows (other users' jobs) keep polling.
    A static file: the CSP allows no inline script and no eval. */
 (function () {
   "use strict";
@@ -50,7 +52,7 @@
   });
   document.addEventListener("htmx:confirm", function (event) {
     var elt = event.detail && event.detail.elt;
-    if (body.getAttribute("data-live-state") === "open" && elt && elt.hasAttribute("data-poll") &&
+    if (body.getAttribute("data-live-state") === "open" && elt && elt.hasAttribute("data-live-covered") &&
         !event.detail.triggeringEvent) {
       event.preventDefault();  // the stream is live: skip this poll
     }

@@ -23,7 +23,7 @@ import pytest
 from dashboard import create_app
 from db import Store
 from tests.dashboard.conftest import PASSWORDS, SECRET
-from tests.dashboard.test_browser import browser, page  # noqa: F401  (fixtures)
+from tests.dashboard.test_browser import _shot, browser, page  # noqa: F401  (fixtures)
 from tests.launcher.conftest import slurm_testbed  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.browser]
@@ -111,6 +111,8 @@ def test_cluster_page_shows_both_jobs_and_preempt_moves_the_elastic_one_live(clu
                                                                             page: Any) -> None:  # noqa: F811
     env, store, job, base = cluster["env"], cluster["store"], cluster["job"], cluster["base"]
     page.set_default_timeout(20_000)
+    refused: list[str] = []  # CSP violations (script-src 'self': no inline script, no eval)
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
     page.goto(f"{base}/cluster")
     page.fill("input[name=username]", "admin")
     page.fill("input[name=password]", PASSWORDS["admin"])
@@ -139,6 +141,7 @@ def test_cluster_page_shows_both_jobs_and_preempt_moves_the_elastic_one_live(clu
     assert page.locator("#stranded strong").inner_text() == str(stranded)
     assert page.locator("#free-nodes strong").inner_text() == str(len(gpus) - 2)
     page.wait_for_selector('body[data-live-state="open"]')
+    _shot(page, "cluster-before.png", cluster["tmp"])
 
     # preempt n2: the dry run names the elastic job and the bytes, the plain job stays; confirm
     page.evaluate("window.__sameDocument = true")
@@ -153,6 +156,8 @@ def test_cluster_page_shows_both_jobs_and_preempt_moves_the_elastic_one_live(clu
 
     # the launcher moves the job off n2; the page follows without a reload
     page.wait_for_selector('tr[data-node="n2"] td[data-kind="elastic"]', state="detached", timeout=WAIT * 1000)
+    # ... and once Slurm took n2 back from the job, its GPUs there show idle (stranded beside the plain job)
+    page.wait_for_selector('tr[data-node="n2"] td[data-kind="held"]', state="detached", timeout=30_000)
     assert page.evaluate("window.__sameDocument") is True
     assert page.locator(f'tr[data-node="n2"] td[data-job="{cluster["plain"]}"]').count() == len(plain_idx["n2"])
     assert page.locator('tr[data-node="n1"] td[data-kind="elastic"]').count() == 2
@@ -160,6 +165,7 @@ def test_cluster_page_shows_both_jobs_and_preempt_moves_the_elastic_one_live(clu
     (req,) = store.list_requests(job.id)
     assert req.status == "done", req.message
     assert _gpu_idx(env, cluster["elastic"]).keys() == {"n1"}  # Slurm took n2 back from the job
+    _shot(page, "cluster-after-preempt.png", cluster["tmp"])
 
     # the timeline shows the migration (with its pause, or its duration when none was measured)
     page.goto(f"{base}/jobs/{job.id}/timeline")
@@ -168,3 +174,5 @@ def test_cluster_page_shows_both_jobs_and_preempt_moves_the_elastic_one_live(clu
     assert band.startswith(f"#{mig.id} pp2tp2dp1→pp2tp1dp1") and (" pause " in band or " duration " in band)
     assert page.locator(f'#timeline-migrations tr[data-migration="{mig.id}"]').count() == 1
     assert int(page.locator("#loss-chart path.line").get_attribute("data-points")) > 0
+    _shot(page, "timeline.png", cluster["tmp"])
+    assert refused == []
