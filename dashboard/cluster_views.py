@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Blueprint, Flask, abort, current_app, g, render_template, request, url_for
 
-from dashboard.cluster import ClusterView
+from dashboard.cluster import ClusterView, ElasticJob
 from dashboard.auth import admin_required
 from dashboard.cluster_data import ClusterSource, elastic_jobs
 from dashboard.deps import is_htmx, store
@@ -16,6 +16,7 @@ from dashboard.linechart import LineChart, line_chart
 from dashboard.preempt_preview import preview
 from dashboard.slurm_reader import SlurmReadError
 from dashboard.timeline import pause_of, timeline
+from db.requests import check_request
 
 bp = Blueprint("cluster", __name__)
 JOB_COLOURS = 8  # CSS classes jc0..jc7 (no inline styles: they would not survive a strict CSP)
@@ -61,6 +62,18 @@ def cluster() -> Any:
     return render_template("_cluster_panels.html" if is_htmx() else "cluster.html", **ctx)
 
 
+def _refusal(job: ElasticJob, leaving: list[str]) -> str | None:
+    """Why the job page's preempt of `leaving` would be refused (the one request validation), or None."""
+    record = store().get_job(job.id)
+    if record is None:
+        return f"job {job.id} is gone"
+    try:
+        check_request(store(), record, "preempt", {"nodes": leaving})
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 @bp.post("/cluster/preempt/preview")
 @admin_required
 def preempt_preview() -> Any:
@@ -70,7 +83,7 @@ def preempt_preview() -> Any:
     jobs = elastic_jobs(store())
     picked = request.form.getlist("node")
     try:
-        result = preview(view, jobs, {j.id: store().launch_spec(j.id) for j in jobs}, picked)
+        result = preview(view, jobs, {j.id: store().launch_spec(j.id) for j in jobs}, picked, _refusal)
     except ValueError as exc:
         store().audit(g.user.name, "preempt-preview", "cluster", f"rejected: {exc}")
         abort(400, description=str(exc))

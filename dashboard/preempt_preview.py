@@ -1,11 +1,11 @@
 """Dry run of a preempt picked on the cluster view: which elastic jobs would migrate off the picked
-nodes, to which layout, and how many bytes the planner would move. Pure: it calls the planner
-(migrate.plan, no processes) on what the launcher recorded (the job's launch spec: model, node
+nodes, to which layout, and how many bytes the planner would move. It calls the planner
+(migrate.plan, pure: no processes) on what the launcher recorded (the job's launch spec: model, node
 range, layout per size), never the launcher itself, and changes nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from dashboard.cluster import ClusterView, ElasticJob
 
@@ -21,7 +21,7 @@ class JobPreview:
     bytes_moved: int | None = None
     bytes_checkpoint: int | None = None
     nodes_released: tuple[str, ...] = ()
-    refused: str = ""  # why the launcher would refuse (pinned node, below MIN, no layout), "" if it can go
+    refused: str = ""  # why it cannot go (the request validation's reason, no layout, no plan), "" if it can
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,11 @@ def job_nodes(job: ElasticJob) -> list[str]:
     return list(dict.fromkeys(e.node for e in job.entries))
 
 
-def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str]) -> JobPreview:
-    """What preempting `picked` would do to one job (the launcher's rules: never the pinned batch
-    node, never below MIN, the layout its policy picks for the devices left)."""
+def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str],
+                validate: Callable[[ElasticJob, list[str]], str | None]) -> JobPreview:
+    """What preempting `picked` would do to one job. `validate(job, leaving)` is the admin-request
+    validation the confirm goes through (db.requests): its refusal, if any, is the preview's; then
+    the layout the job's policy picks for the devices left, and the planner's plan for it."""
     from migrate.layout import LayoutError, ModelSpec, ParallelConfig
     from migrate.plan import plan
     from migrate.topology import Device, RankMap, Topology
@@ -51,10 +53,9 @@ def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str
     def refuse(why: str) -> JobPreview:
         return JobPreview(**{**base.__dict__, "refused": why})
 
-    if job.pinned_node in leaving:
-        return refuse(f"{job.pinned_node} runs the job's batch step and cannot be given back")
-    if len(keep) < job.min_nodes:
-        return refuse(f"would leave {len(keep)} node(s), below the job's MIN of {job.min_nodes}")
+    why = validate(job, list(leaving))
+    if why:
+        return refuse(why)
     if not spec or not spec.get("model"):
         return refuse("no launch spec recorded for this job (launched by an older launcher): no dry run")
     devices = len(keep) * job.gpus_per_node
@@ -75,7 +76,7 @@ def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str
 
 
 def preview(view: ClusterView, jobs: Sequence[ElasticJob], specs: Mapping[int, Mapping[str, Any] | None],
-            picked: Sequence[str]) -> Preview:
+            picked: Sequence[str], validate: Callable[[ElasticJob, list[str]], str | None]) -> Preview:
     """The dry run over every elastic job holding a picked node; non-elastic jobs are listed as staying.
     ValueError for a node the cluster does not have."""
     names = {n.name for n in view.nodes}
@@ -85,7 +86,7 @@ def preview(view: ClusterView, jobs: Sequence[ElasticJob], specs: Mapping[int, M
     if not picked:
         raise ValueError("pick at least one node")
     chosen = set(picked)
-    previews = tuple(preview_job(j, specs.get(j.id), chosen) for j in jobs if chosen & set(job_nodes(j)))
+    previews = tuple(preview_job(j, specs.get(j.id), chosen, validate) for j in jobs if chosen & set(job_nodes(j)))
     others = tuple(dict.fromkeys((n.name, g.job, g.job_name) for n in view.nodes if n.name in chosen
                                  for g in n.gpus if g.kind == "job"))
     return Preview(tuple(n for n in (x.name for x in view.nodes) if n in chosen), previews, others)

@@ -57,13 +57,16 @@ def test_dry_run_shows_the_plan_and_confirm_is_the_job_pages_preempt(two_node_ap
     (req,) = store.pending_requests(1)
     assert (req.action, req.params, req.requested_by) == ("preempt", {"nodes": ["n2"]}, "admin")
     assert f"request {req.id} queued" in store.audit_log(target="job:1")[0].result
+    # the dry run goes through the same validation as the confirm: now a duplicate of a pending request
+    again = _preview(client, ["n2"]).text
+    assert 'data-refused="yes"' in again and f"request #{req.id}" in again and "already pending" in again
 
 
 def test_dry_run_refuses_the_batch_node_unknown_nodes_and_viewers(two_node_app: Flask) -> None:
     client = two_node_app.test_client()
     client.csrf = login(client, "admin")
     html = _preview(client, ["n1"]).text
-    assert 'data-refused="yes"' in html and "runs the job&#39;s batch step" in html and "Confirm" not in html
+    assert 'data-refused="yes"' in html and "n1 is the job&#39;s pinned node" in html and "Confirm" not in html
     bad = _preview(client, ["n9"])
     assert bad.status_code == 400 and "no node n9" in bad.text
     assert _preview(client, []).status_code == 400
