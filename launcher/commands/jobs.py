@@ -42,7 +42,7 @@ def _table(items: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    store = open_store(args.db)
+    store = open_store(args.db, readonly=True)
     try:
         items = rows(store, args.state)
     finally:

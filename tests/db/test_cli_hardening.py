@@ -144,3 +144,11 @@ def test_dashboard_refuses_an_older_schema(tmp_path: Path) -> None:
     _v4_database(path)
     with pytest.raises(DatabaseError, match="elastic db upgrade"):
         create_app({"DB_URL": f"sqlite:///{path}", "SECRET_KEY": "k" * 32})
+
+
+def test_jobs_is_read_only_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "old.db"
+    _v4_database(path)
+    before = _snapshot(path)
+    assert main(["jobs", "--db", str(path)]) == 2
+    assert "elastic db upgrade" in capsys.readouterr().err and _snapshot(path) == before
