@@ -19,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=48, help="transformer layers (default 48; must divide by 16 and 6)")
     p.add_argument("--hidden", type=int, default=None,
                    help="hidden size, 8 heads (default: the largest of 512, 384, 256, 128 whose every scenario "
-                        "fits in half of this machine's available memory)")
+                        "fits in 3/4 of this machine's available memory)")
     p.add_argument("--no-baselines", action="store_true",
                    help="skip the checkpoint-restart resize (restart_pause_s and speedup are then null)")
     p.add_argument("--release-early", action="store_true",
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     names = args.scenario or list(PAPER_SCENARIOS)
     cfg = BenchConfig(layers=args.layers, release_early=args.release_early)
-    budget = mem_available() // 2
+    budget = mem_available() * 3 // 4
     if args.hidden is not None:
         cfg = replace(cfg, hidden=args.hidden)
     else:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     need = max(estimated_peak_bytes(model, *map(ParallelConfig.parse, PAPER_SCENARIOS[n])) for n in names)
     progress(f"model: {cfg.layers} layers, hidden {cfg.hidden}, 8 heads, vocab {cfg.vocab}, global batch "
              f"{cfg.global_batch}: {model.state_bytes / 1e9:.2f} GB of params + Adam moments (fp32) per replica; "
-             f"estimated peak {need / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB allowed (half of what is available). "
+             f"estimated peak {need / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB allowed (3/4 of what is available). "
              "Every device is a worker process on this machine.")
     if args.workdir is not None:
         rows = run_bench(names, cfg, args.workdir.resolve(), not args.no_baselines, progress)
