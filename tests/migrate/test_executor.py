@@ -60,7 +60,8 @@ def test_migration_keeps_state_and_losses(name, reference_losses):
     assert not [r.error for r in reports if r.error]
     # the new tensors allocated ahead (prepare_targets) are exactly the ones the plan filled
     assert [r.targets_unused for r in reports] == [0] * len(reports)
-    assert sum(r.targets_prepared for r in reports) > 0
+    if any(r.bytes_received for r in reports):
+        assert sum(r.targets_prepared for r in reports) > 0
     before, _ = _full_state(sc, [r for r in reports if r.device not in failed], "prev")
     after, states = _full_state(sc, reports, "curr")
     assert before.keys() == after.keys()
