@@ -65,7 +65,7 @@ def line_chart(series: Sequence[tuple[str, str, Sequence[Point]]],
     href)], on shared axes that cover every point and band; y from y_min (None: the data's
     minimum) to y_max (None: the data's maximum); x over x_range when given (charts stacked on one
     time axis), else over the data. step=True draws a staircase (a value that holds until the next)."""
-    left, top, right, bottom = 56, 8, 12, 24
+    left, top, right, bottom = 56, 8, 28, 24
     pw, ph = width - left - right, height - top - bottom
     xs = [x for _, _, pts in series for x, _ in pts] + [b for x0, x1, *_ in bands for b in (x0, x1)]
     ys = [y for _, _, pts in series for _, y in pts]
