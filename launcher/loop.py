@@ -19,6 +19,7 @@ from launcher.backends import AcquireFailed, CannotAcquire, NodeBackend, NodeHan
 from launcher.options import Options
 from launcher.pause import PendingPauses
 from launcher.start_request import StartRequest, checkpoint_dir
+from launcher.survival import survival
 from launcher.transaction import MigrationFailed, Outcome, Transaction
 
 
@@ -59,6 +60,7 @@ class Launcher:
         self.stopped = False
         self.suspended = False
         self.world = "w0"  # the process-group world the current layout trains in
+        self.lost: set[int] = set()  # devices whose worker died on a node that is still up: never used again
         self.pauses = PendingPauses()  # migrations whose pause is known once the new layout commits a step
         self.epoch_base = 0  # database epochs of a resumed job continue after its earlier ones
         self.loss_step = 0  # the last step whose loss is in the database
@@ -110,7 +112,19 @@ class Launcher:
             except LayoutError:
                 continue
         return {"model": self.ctl.model(), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
-                "gpus_per_node": self.gpn, "layouts": layouts}
+                "gpus_per_node": self.gpn, "layouts": layouts, "placement": self.opts.placement,
+                "survives": survival(self.current.layout, self.current.devices, self._node_of()).as_dict()}
+
+    def _node_of(self) -> dict[int, str]:
+        return {d.id: d.node for d in self.topology.devices}
+
+    def record_survival(self) -> None:
+        """Say what the running layout survives (the loss of one process, of one node): in the log, the
+        audit log, and the job's launch spec (which the dashboard reads)."""
+        said = survival(self.current.layout, self.current.devices, self._node_of()).describe()
+        self.log(f"job {self.job_id}: {self.current.layout} {said}")
+        self.db.audit("elastic-launch", "survival", f"job:{self.job_id}", f"{self.current.layout} {said}")
+        self.db.set_launch_spec(self.job_id, self.launch_spec())
 
     def record_loss(self) -> None:
         """Copy the latest step the workers reported (loss, layout) into the database, once per step."""
@@ -187,7 +201,11 @@ class Launcher:
 
     def dead(self, all_codes: bool = False) -> dict[int, int]:
         """device -> exit code of workers that ended (with an error, unless all_codes)."""
-        return {d: rc for h in self.handles.values() for d, rc in h.exited().items() if all_codes or rc != 0}
+        return {d: rc for d, rc in self.exited().items() if all_codes or rc != 0}
+
+    def exited(self) -> dict[int, int]:
+        """device -> exit code of the workers that ended, but for those already counted as lost."""
+        return {d: rc for h in self.handles.values() for d, rc in h.exited().items() if d not in self.lost}
 
     def reap(self, node: str, timeout: float = 60.0) -> None:
         """Let the workers of `node` exit on their own, then kill what is left."""
@@ -223,8 +241,8 @@ class Launcher:
         self.wait_ready(nodes)
         self.model = ModelSpec(**{k: v for k, v in self.ctl.model().items()})
         layout = self.choose(len(nodes) * self.gpn)
-        devices = tuple(d for n in nodes for d in self.node_devices(n))[:layout.world_size]
-        self.current = RankMap(layout, devices)
+        self.current = RankMap(layout, self._start_devices(layout, nodes))
+        devices = self.current.devices
         self.epoch = 0
         job, path, requests = resume_point(self)
         ev = {"epoch": 0, "kind": "start", "layout": str(layout), "devices": list(devices)}
@@ -239,13 +257,26 @@ class Launcher:
         else:  # the same job goes on: its history, requests and epochs continue
             self.job_id = job.id
             continue_job(self, job, nodes)
-        self.db.set_launch_spec(self.job_id, self.launch_spec())
         self.db.record_rank_map(self.job_id, self.epoch_base, str(layout), self.entries(self.current))
+        self.record_survival()
         self.log(f"job {self.job_id}: {layout} on {len(devices)} devices of {','.join(nodes)}")
         if path:
             from launcher.resume import finish_resume
 
             finish_resume(self, path, requests)
+
+    def _start_devices(self, layout, nodes: list[str]) -> tuple[int, ...]:
+        """Where the ranks start: in device order (--placement packed, or DP = 1), else where the
+        planner's resilient placement puts them (no node holds every replica of a stage)."""
+        from migrate.plan import plan
+        from migrate.topology import RankMap, Topology
+
+        devices = tuple(d for n in nodes for d in self.node_devices(n))[:layout.world_size]
+        if self.opts.placement == "packed" or layout.dp < 2:
+            return devices
+        p = plan(self.model, RankMap(layout, devices), layout, Topology(self.topology.devices, frozenset(nodes)),
+                 placement="resilient")
+        return p.curr.devices
 
     # -- decisions: which nodes next ------------------------------------------------------------------
     def migrate_to(self, target: list[str], trigger: str, failed: Sequence[int] = (),
@@ -331,16 +362,22 @@ class Launcher:
         admin.handle_request(self, req)
 
     def on_failure(self, dead: dict[int, int]) -> Outcome:
-        """Workers died: re-plan from the surviving replicas onto the nodes still whole."""
+        """Workers died: re-plan from the surviving replicas. A worker's death fails its device; the
+        whole node fails only when it is gone (every worker of it ended: its step ended)."""
         self.log(f"workers {sorted(dead)} died (exit codes {sorted(set(dead.values()))})")
-        dead_nodes = sorted({self.topology.devices[d].node for d in dead})
-        for n in dead_nodes:
+        hit = sorted({self.topology.devices[d].node for d in dead})
+        gone = [n for n in hit if n not in self.handles or self.handles[n].all_exited()]
+        for n in gone:
             h = self.handles.pop(n, None)
             if h is not None:
                 h.kill()
             self.db.set_node_state(self.job_id, n, "failed")
-        failed = [d for d in self.current.devices if self.topology.devices[d].node in dead_nodes]
-        keep = [n for n in self.active if n not in dead_nodes]
+        for d in sorted(d for d in dead if self.topology.devices[d].node not in gone):
+            self.lost.add(d)
+            self.db.audit("elastic-launch", "failure", f"job:{self.job_id}",
+                          f"device {d} on {self.topology.devices[d].node} failed (its worker died); the node stays")
+        failed = [d for d in self.current.devices if d in self.lost or self.topology.devices[d].node not in self.handles]
+        keep = list(self.active)
         if not keep:
             return Transaction(self, "failure").refuse("no node left")
         if self.opts.checkpoint_every and self._state_lost(failed):
@@ -391,7 +428,7 @@ class Launcher:
     def poll_once(self) -> bool:
         """One round of checks; False once the job is over."""
         self.pauses.settle(self.ctl, self.db, self.log)
-        exited = {d: rc for h in self.handles.values() for d, rc in h.exited().items()}
+        exited = self.exited()
         layout_devs = set(self.current.devices)
         if exited and any(rc != 0 for rc in exited.values()):
             return self._recover({d: rc for d, rc in exited.items() if rc != 0})
@@ -418,9 +455,16 @@ class Launcher:
         return True
 
     def _recover(self, dead: dict[int, int]) -> bool:
-        """Workers died: recover (on_failure), or stop the job when nothing can be recovered."""
+        """Workers died: recover (on_failure), or stop the job when nothing can be recovered. Deaths
+        that come while recovering (the rest of a node going down) are recovered from in turn."""
         self.ctl.abort_world(self.world)  # survivors abandon the step in flight at once
-        out = self.on_failure(dead)
+        time.sleep(0.3)  # workers killed together (a whole node) all show up in one recovery
+        dead = {**dead, **self.dead()}
+        for _ in range(len(self.topology.devices)):
+            out = self.on_failure(dead)
+            dead = self.dead()
+            if out.ok or not dead or not self.handles:
+                break
         if out.ok:
             return True
         self.log(f"cannot recover: {out.message}; stopping the job")

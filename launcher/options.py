@@ -12,8 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UsageError
+from launcher.survival import DEFAULT_CHECKPOINT_EVERY, auto_checkpoint_every
 
 SIGNAL_ACTIONS = ("shrink", "suspend", "ignore")
+# migrate.allocator.PLACEMENTS, resilient first (the default); spelled out so --help does not import the planner
+PLACEMENTS = ("resilient", "packed")
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:
@@ -102,12 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the job's checkpoints go (suspend, --checkpoint-every) and --resume reads them; "
                         "every node must see it (default: checkpoints/<job name> next to a SQLite --db, else "
                         "./var/checkpoints/<job name>)")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="write a safety checkpoint every N steps in the background (training pauses only for "
-                        "the in-memory copy); a failure that no DP replica covers restarts from it (default 0: never)")
+                        "the in-memory copy); a failure that no DP replica covers restarts from it. Default: every "
+                        f"{DEFAULT_CHECKPOINT_EVERY} steps when a layout the job may run (any node count of --nnodes) "
+                        "cannot survive the loss of a node, else never; 0: never")
     p.add_argument("--release-early", action="store_true",
                    help="migrations free each old tensor after its last send: lower peak memory, but a failure "
                         "half way then needs DP replicas or a checkpoint instead of the old layout")
+    p.add_argument("--placement", choices=PLACEMENTS, default="resilient",
+                   help="where the DP replicas of a stage start: resilient (default) puts them on different nodes, so "
+                        "the loss of any one node leaves a full replica and the job re-plans from it instead of "
+                        "restarting from a checkpoint; the price is that gradient all-reduces cross nodes. packed "
+                        "keeps ranks in device order (replicas of a stage side by side, all-reduces inside a node). "
+                        "With DP = 1 both are the same")
     p.add_argument("--resume", action="store_true",
                    help="resume the suspended job of --job-name from its checkpoint (the database's, else the "
                         "newest complete one in --checkpoint-dir) on whatever layout fits now, at the next step")
@@ -148,6 +159,7 @@ class Options:
     trigger_default: str = "resize"
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
+    placement: str = "packed"
     resume: bool = False
     release_early: bool = False  # migrations free old tensors as they are sent (lower peak memory)
 
@@ -168,7 +180,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     model = model_from_command(command)
     if args.companion_timeout <= 0:
         raise UsageError(f"--companion-timeout must be a positive number of seconds, got {args.companion_timeout}")
-    if args.checkpoint_every < 0:
+    if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be 0 (off) or a number of steps, got {args.checkpoint_every}")
     from launcher.policy import NoLayoutError, check_node_range
 
@@ -181,8 +193,10 @@ def options_from_args(args: argparse.Namespace) -> Options:
                    master_addr=args.master_addr or "127.0.0.1", master_port=args.master_port, poll=args.poll,
                    ready_timeout=args.ready_timeout, migrate_timeout=args.migrate_timeout,
                    companion_timeout=args.companion_timeout, model=model,
-                   checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                   release_early=args.release_early)
+                   checkpoint_dir=args.checkpoint_dir, resume=args.resume, placement=args.placement,
+                   release_early=args.release_early,
+                   checkpoint_every=auto_checkpoint_every(lo, hi, gpn, layouts, model, args.placement)
+                   if args.checkpoint_every is None else args.checkpoint_every)
 
 
 def default_checkpoint_dir(db_url: str | None, job_name: str) -> Path:

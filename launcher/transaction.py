@@ -118,12 +118,13 @@ class Transaction:
         from migrate.topology import Topology
 
         job, layout = self.job, None
+        unusable = frozenset(job.lost - set(failed))  # lost earlier, outside the current layout
         try:
             layout = job.choose(sum(len(job.node_devices(n)) for n in target)
-                                - len([d for d in failed if job.topology.devices[d].node in target]))
+                                - len([d for d in set(failed) | unusable if job.topology.devices[d].node in target]))
             t0 = time.perf_counter()
             p = plan(job.model, job.current, layout, Topology(job.topology.devices, frozenset(target)),
-                     frozenset(failed))
+                     frozenset(failed), placement=job.opts.placement, unusable=unusable)
             self.phases = {"plan": time.perf_counter() - t0}
             stray = sorted({job.topology.devices[d].node for d in p.curr.devices} - set(target))
             if stray:
@@ -177,6 +178,7 @@ class Transaction:
         job.pauses.add(self.out.migration_id, job.world, f"w{e}", self.out)
         job.current, job.world = p.curr, f"w{e}"
         job.db.record_rank_map(job.job_id, job.epoch_base + e, self.out.to_layout, job.entries(p.curr))
+        job.record_survival()
         for n in leaving:
             job.reap(n)
 
@@ -233,6 +235,7 @@ class Transaction:
                                                   job.db.fragmentation(job.job_id))
         e = job.epoch + 1
         t0 = time.perf_counter()
+        job.lost -= {d for n in keep for d in job.node_devices(n)}  # every worker of `keep` starts afresh
         try:
             for n in keep:
                 for d in job.node_devices(n):
@@ -252,6 +255,7 @@ class Transaction:
         job.pauses.add(out.migration_id, job.world, f"w{e}", out)
         job.current, job.world = RankMap(layout, devices), f"w{e}"
         job.db.record_rank_map(job.job_id, job.epoch_base + e, out.to_layout, job.entries(job.current))
+        job.record_survival()
         out.ok, out.at_step, out.nodes_after = True, step, len(job.active)
         out.phases = {"rebuild": time.perf_counter() - t0}
         out.message = f"restored from checkpoint at step {step}: {lost} steps lost"

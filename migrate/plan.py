@@ -154,11 +154,12 @@ class MigrationPlan:
 
 def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig, topology: Topology,
          failed: frozenset[int] | set[int] = frozenset(), tp_in_node: bool = True,
-         placement: str = "packed") -> MigrationPlan:
+         placement: str = "packed", unusable: frozenset[int] | set[int] = frozenset()) -> MigrationPlan:
     """Plan the move of `model`'s state from `prev` (a layout on devices) to `curr` on `topology`.
 
     `tp_in_node=False` drops the node rule (tests and what-ifs); `placement="resilient"` keeps
-    the DP replicas of every stage off any single node (see migrate.allocator).
+    the DP replicas of every stage off any single node (see migrate.allocator). `unusable`: devices
+    outside the old layout that get no rank either (their worker died earlier).
     """
     t0 = time.perf_counter()
     prev_map = prev if isinstance(prev, RankMap) else RankMap.identity(prev)
@@ -174,8 +175,8 @@ def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig,
     cost = bm.cost(curr_ws, prev_ws + [EMPTY])  # last column: a device that holds nothing
 
     empty_kind = len(prev_ws)
-    kind_of, alive = _device_kinds(prev_map, topology, failed)
-    placed = place(curr, cost, prev_map, topology, failed, tp_in_node, placement)
+    kind_of, alive = _device_kinds(prev_map, topology, failed, unusable)
+    placed = place(curr, cost, prev_map, topology, failed, tp_in_node, placement, unusable)
     need_total = int(cost[:, -1].sum()) * curr.dp
 
     used_before = {topology.devices[d].node for d in prev_map.devices if d not in failed}
@@ -199,8 +200,8 @@ def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig,
     return result
 
 
-def _device_kinds(prev: RankMap, topology: Topology, failed) -> tuple[np.ndarray, np.ndarray]:
-    """(old class each device holds, or the empty kind; which devices are alive)."""
+def _device_kinds(prev: RankMap, topology: Topology, failed, unusable=frozenset()) -> tuple[np.ndarray, np.ndarray]:
+    """(old class each device holds, or the empty kind; which devices are alive and usable)."""
     cfg = prev.layout
     empty_kind = cfg.pp * cfg.tp
     kind_of = np.full(len(topology.devices), empty_kind, dtype=np.int64)
@@ -208,12 +209,13 @@ def _device_kinds(prev: RankMap, topology: Topology, failed) -> tuple[np.ndarray
     kind_of[list(prev.devices)] = (ranks // (cfg.tp * cfg.dp)) * cfg.tp + ranks % cfg.tp
     alive = np.ones(len(topology.devices), dtype=bool)
     alive[list(failed)] = False
+    alive[list(unusable)] = False
     return kind_of, alive
 
 
 def place(curr: ParallelConfig, cost: np.ndarray, prev: RankMap, topology: Topology,
           failed: frozenset[int] | set[int] = frozenset(), tp_in_node: bool = True,
-          placement: str = "packed") -> Placement:
+          placement: str = "packed", unusable: frozenset[int] | set[int] = frozenset()) -> Placement:
     """Where the ranks of `curr` go for any byte workload: the planner's interface to a state source.
 
     cost[new class, old class] is the bytes a rank of a new class (pp * tp + tp rank) lacks on a
@@ -221,7 +223,7 @@ def place(curr: ParallelConfig, cost: np.ndarray, prev: RankMap, topology: Topol
     reference GPT's comes from `ByteModel`; any model's from its state manifests
     (`migrate.manifest.class_cost(new, old + [empty manifest])`).
     """
-    kind_of, alive = _device_kinds(prev, topology, failed)
+    kind_of, alive = _device_kinds(prev, topology, failed, unusable)
     device_kind = dict(zip(np.flatnonzero(alive).tolist(), kind_of[alive].tolist()))
     need = cost[:, -1]
     return Allocator(curr, need[:, None] - cost, device_kind, topology, tp_in_node, placement).place()

@@ -99,5 +99,7 @@ def test_preempt_of_the_batch_node_is_refused_and_a_dead_worker_is_recorded(tmp_
     # pp2tp2 has no replicas: losing device 3 cannot be recovered, and that is recorded
     migs = store.recent_migrations(job.id, limit=10)
     assert migs and migs[0].trigger == "failure" and migs[0].status == "failed" and migs[0].error
-    assert store.list_nodes(job.id)[1].state == "failed"
+    # a worker's death fails its device, not its node (issue 15): node1 stays, device 3 is recorded
+    assert store.list_nodes(job.id)[1].state != "failed"
+    assert any("device 3 on node1 failed" in a.result for a in store.audit_log(target=f"job:{job.id}"))
     assert rc == 1 and job.state == "failed"
