@@ -68,6 +68,7 @@ class NodeHandle:
     def __init__(self, node: str, devices: list[int], procs: dict[int, subprocess.Popen] | None = None,
                  step: subprocess.Popen | None = None) -> None:
         self.node, self.devices, self.procs, self.step = node, devices, procs or {}, step
+        self.task_exits: dict[int, int] = {}  # device -> exit status of a step's task that ended early
 
     def _all(self) -> list[subprocess.Popen]:
         return ([self.step] if self.step else []) + list(self.procs.values())
@@ -76,7 +77,7 @@ class NodeHandle:
         """device -> exit code, for the devices whose worker has ended."""
         if self.step is not None:
             rc = self.step.poll()
-            return {} if rc is None else {d: rc for d in self.devices}
+            return dict(self.task_exits) if rc is None else {d: self.task_exits.get(d, rc) for d in self.devices}
         return {d: p.returncode for d, p in self.procs.items() if p.poll() is not None}
 
     def all_exited(self) -> bool:

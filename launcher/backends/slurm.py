@@ -12,6 +12,8 @@ from __future__ import annotations
 import signal as signal_module
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +27,7 @@ from launcher.backends.slurm_client import (
     build_companion_script,
     build_shrink_command,
     build_srun_command,
+    parse_task_end,
 )
 
 # Slurm states of a job that will never run (again)
@@ -84,6 +87,8 @@ class SlurmNodes:
         return [build_shrink_command(self.job_id, keep)]
 
     def start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> NodeHandle:
+        """Start the node's step; srun's stderr is read here (and passed on to the log) so that a task
+        that dies while the others run on is seen at once (NodeHandle.task_exits)."""
         out = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -92,10 +97,10 @@ class SlurmNodes:
         kwargs = {"other_job": True} if job != self.job_id else {}  # a companion's step: none of our SLURM_*
         step = self.slurm.start_step(job, [node], self.gpus_per_node, self.gpus_per_node,
                                      self.step_env(node, index, base), resolve_python(argv),
-                                     stdout=out, stderr=subprocess.STDOUT if out else None, **kwargs)
-        if out is not None:
-            out.close()
-        return NodeHandle(node, [index * self.gpus_per_node + g for g in range(self.gpus_per_node)], step=step)
+                                     stdout=out, stderr=subprocess.PIPE, **kwargs)
+        handle = NodeHandle(node, [index * self.gpus_per_node + g for g in range(self.gpus_per_node)], step=step)
+        threading.Thread(target=_watch_tasks, args=(step.stderr, out, handle), daemon=True).start()
+        return handle
 
     def stop(self, handle: NodeHandle, timeout: float) -> bool:
         return stop_handle(handle, timeout)
@@ -232,3 +237,21 @@ class SlurmNodes:
 
     def is_companion_batch(self, node: str) -> bool:
         return node in self.node_job and self.companion_batch.get(self.node_job[node]) == node
+
+
+def _watch_tasks(stderr, out, handle: NodeHandle) -> None:
+    """Pass srun's stderr on (to the step's log, else ours) and note each task that ended badly."""
+    sink = out if out is not None else sys.stderr.buffer
+    try:
+        for raw in stderr:
+            sink.write(raw)
+            sink.flush()
+            ended = parse_task_end(raw.decode(errors="replace"))
+            if ended is not None:
+                for task in ended[1]:
+                    if 0 <= task < len(handle.devices):
+                        handle.task_exits[handle.devices[task]] = ended[2]
+    finally:
+        if out is not None:
+            out.close()
+

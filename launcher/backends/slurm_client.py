@@ -420,6 +420,27 @@ def _load_json(text: str, what: str) -> dict[str, Any]:
     return data
 
 
+_TASK_END = re.compile(r"^srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$")
+_TASK_SIGNALS = {"Killed": 137, "Terminated": 143, "Aborted": 134, "Segmentation fault": 139}
+
+
+def parse_task_end(line: str) -> tuple[str, list[int], int] | None:
+    """srun's line about step tasks that ended badly, e.g. `srun: error: n1: task 0: Killed` or
+    `srun: error: n2: tasks 0-1: Exited with exit code 3`: (node, task ids, exit status), else None.
+    srun prints it at once, while the step's other tasks run on (--kill-on-bad-exit=0)."""
+    match = _TASK_END.match(line)
+    if not match:
+        return None
+    tasks: list[int] = []
+    for part in match["tasks"].split(","):
+        lo, _, hi = part.partition("-")
+        tasks += range(int(lo), int(hi or lo) + 1)
+    what = match["what"]
+    code = re.match(r"Exited with exit code (\d+)", what)
+    return match["node"], tasks, int(code.group(1)) if code else next(
+        (status for name, status in _TASK_SIGNALS.items() if what.startswith(name)), 1)
+
+
 def parse_sbatch_output(text: str) -> int:
     """`sbatch --parsable` prints `JOBID` or `JOBID;CLUSTER`."""
     first = text.strip().splitlines()[0] if text.strip() else ""
