@@ -39,6 +39,7 @@ from migrate.topology import Topology
 PLACEMENTS = ("packed", "resilient")
 # The exact program is used up to this many variables; larger problems keep the greedy placement.
 MILP_VARIABLE_LIMIT = 20000
+MILP_TIME_LIMIT_S = 10.0
 # A domain's best mix of groups is enumerated up to this many mixes (else a looser bound is used).
 PATTERN_LIMIT = 4096
 
@@ -104,7 +105,8 @@ class Allocator:
                               f"({len(solver.nodes)} node(s)): placed packed, a node loss loses state")
             solver = _Solver(self, units, domains, size, False)
             counts, optimal = solver.solve()
-        assert counts is not None
+        if counts is None:
+            raise LayoutError(f"no placement of {self.curr} found within {MILP_TIME_LIMIT_S:.0f} s")
         devices, retained = self._realise(units, domains, counts)
         if not optimal:
             self.notes.append("placement not proven optimal (problem too large for the exact program)")
@@ -290,10 +292,11 @@ class _Solver:
         if n_vars > MILP_VARIABLE_LIMIT:
             return counts, False
         for k in range(self.k_min, len(self.nodes) + 1):
-            exact = self._milp(k)
-            if exact is not None:
-                self.bound = -1  # the program's optimum is the bound
+            exact, status = self._milp(k)
+            if status == 0:
                 return exact, True
+            if status != 2:  # out of time: the greedy placement if there is one, else what the program found
+                return (counts if counts is not None else exact), False
         return None, False
 
     # -- greedy ---------------------------------------------------------------------------------
@@ -392,7 +395,8 @@ class _Solver:
         return len(self.domains) * len(self.units) + len(self.nodes) + sum(
             len(self.a.relevant(d.sig, self.units)) * len(self.units[0]) * len(set(d.sig)) for d in self.domains)
 
-    def _milp(self, k: int) -> list[dict[int, int]] | None:
+    def _milp(self, k: int) -> tuple[list[dict[int, int]] | None, int]:
+        """Groups per domain on at most k nodes, and HiGHS's status (0 optimal, 2 infeasible, 1 out of time)."""
         w, units, doms, size = self.a.w, self.units, self.domains, self.size
         xs = self._x_vars()
         g0 = len(xs)
@@ -451,12 +455,12 @@ class _Solver:
                         row([(g_index[j, i], 1.0) for j in js], -np.inf, self.limit)
         a_mat = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
         res = milp(cost, constraints=LinearConstraint(a_mat, lo, hi), integrality=np.ones(nv),
-                   bounds=Bounds(lb, ub))
+                   bounds=Bounds(lb, ub), options={"time_limit": MILP_TIME_LIMIT_S})
         if res.x is None:
-            return None
+            return None, res.status  # 2: proven infeasible; else out of time with nothing found
         x = np.rint(res.x).astype(np.int64)
         return [{i: int(x[g_index[j, i]]) for i in range(len(units)) if x[g_index[j, i]] > 0}
-                for j in range(len(doms))]
+                for j in range(len(doms))], res.status
 
 
 def initial_placement(layout: ParallelConfig, topology: Topology, placement: str = "resilient",
