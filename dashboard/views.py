@@ -11,6 +11,7 @@ from flask import Blueprint, Flask, Response, abort, current_app, g, render_temp
 from dashboard import charts
 from dashboard.auth import audit
 from dashboard.deps import is_htmx, store
+from dashboard.survival import survival_of
 from db.exports import write_csv
 from db.filters import MAX_LIMIT, parse_history_filters, parse_int
 from db.store import HISTORY_COLUMNS
@@ -56,6 +57,7 @@ def _job_panels(job_id: int) -> dict[str, Any]:
     except LookupError:
         abort(404, description=f"no job {job_id}")
     return {"p": placement, "job": placement["job"], "migrations": store().recent_migrations(job_id, 5),
+            "sv": survival_of(store().launch_spec(job_id)),
             "requests": store().list_requests(job_id, 8), "pp_colours": PP_COLOURS, "tp_colours": TP_COLOURS}
 
 
@@ -124,4 +126,4 @@ def init_app(app: Flask) -> None:
     for code in (400, 403, 404, 405, 409, 413, 429):
         app.register_error_handler(code, _error)
     app.register_error_handler(500, _crash)
-    app.jinja_env.globals.update(human_bytes=charts.human_bytes)
+    app.jinja_env.globals.update(human_bytes=charts.human_bytes, survival_of=survival_of)

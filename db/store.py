@@ -573,5 +573,6 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
                                self._sla_end(job, now))
             target = SLA_TIERS.get(job.sla_tier, SLA_TIERS["standard"])
             out.append({"job": _job(job), "devices_held": max(mine)[3] if mine else 0, "sla": sla,
-                        "sla_target": target, "sla_ok": None if sla is None else sla >= target})
+                        "sla_target": target, "sla_ok": None if sla is None else sla >= target,
+                        "launch_spec": dict(job.launch_spec) if job.launch_spec else None})
         return out

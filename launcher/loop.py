@@ -113,6 +113,7 @@ class Launcher:
                 continue
         return {"model": self.ctl.model(), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
                 "gpus_per_node": self.gpn, "layouts": layouts, "placement": self.opts.placement,
+                "checkpoint_every": self.opts.checkpoint_every,
                 "survives": survival(self.current.layout, self.current.devices, self._node_of()).as_dict()}
 
     def _node_of(self) -> dict[int, str]:

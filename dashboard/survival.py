@@ -1,0 +1,24 @@
+"""What a job's layout survives, as the launcher last recorded it in the job's launch spec
+(launcher.loop.launch_spec: "survives" {"process", "node"}, "checkpoint_every"), read defensively:
+the spec is JSON another process wrote, and jobs started by an older launcher have none. Anything
+that is not exactly booleans gives None, so the pages show nothing rather than a guess."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def survival_of(spec: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """{"process": bool, "node": bool, "checkpoint_every": int | None} or None when not recorded.
+    checkpoint_every is None when the spec does not say (then no claim about checkpoints is shown)."""
+    if not isinstance(spec, Mapping):
+        return None
+    said = spec.get("survives")
+    if not isinstance(said, Mapping):
+        return None
+    process, node = said.get("process"), said.get("node")
+    if not isinstance(process, bool) or not isinstance(node, bool):
+        return None
+    every = spec.get("checkpoint_every")
+    ok = isinstance(every, int) and not isinstance(every, bool) and every >= 0
+    return {"process": process, "node": node, "checkpoint_every": every if ok else None}
