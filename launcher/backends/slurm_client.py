@@ -163,8 +163,12 @@ def _compress_group(prefix: str, width: int, numbers: list[int]) -> str:
 # -------------------------------------------------------- command builders
 def build_srun_command(job_id: int | str, nodes: Sequence[str], ntasks_per_node: int,
                        gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
-                       overlap: bool = True) -> list[str]:
+                       overlap: bool = True, het_group: int | None = None) -> list[str]:
     """srun line for one step on chosen nodes of a running job.
+
+    In a heterogeneous job `job_id` is the leader's id and `het_group` the component's offset:
+    Slurm 22.05 refuses a component's own id ("Job not heterogeneous job leader") and, without
+    --het-group, starts steps in component 0 only.
 
     `--overlap` because the launcher starts steps next to the batch step and
     next to steps it is replacing; without it srun waits forever ("Requested
@@ -181,7 +185,8 @@ def build_srun_command(job_id: int | str, nodes: Sequence[str], ntasks_per_node:
     if not argv:
         raise ValueError("build_srun_command: argv is empty; give the program to run")
     cmd = [
-        "srun", f"--jobid={job_id}", f"--nodes={len(nodes)}",
+        "srun", f"--jobid={job_id}", *([f"--het-group={het_group}"] if het_group is not None else []),
+        f"--nodes={len(nodes)}",
         f"--nodelist={compress_hostlist(nodes)}", f"--ntasks-per-node={ntasks_per_node}",
         f"--ntasks={ntasks_per_node * len(nodes)}",
     ]
@@ -220,9 +225,10 @@ def build_shrink_command(job_id: int | str, keep_nodes: Sequence[str]) -> list[s
     return ["scontrol", "update", f"JobId={job_id}", f"NodeList={compress_hostlist(keep_nodes)}"]
 
 
-def build_show_job_command(job_id: int | str) -> list[str]:
-    """`scontrol show job X` (22.05's scontrol has no --json)."""
-    return ["scontrol", "show", "job", str(job_id)]
+def build_show_job_command(job_id: int | str, detail: bool = False) -> list[str]:
+    """`scontrol show job X` (22.05's scontrol has no --json); `-d` adds GRES per node
+    (launcher.allocation reads it)."""
+    return ["scontrol", "show", *(["-d"] if detail else []), "job", str(job_id)]
 
 
 def build_squeue_command(job_ids: Sequence[int | str] = ()) -> list[str]:
@@ -491,7 +497,8 @@ class SlurmBackend(Protocol):
 
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
                    gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
-                   overlap: bool = True, other_job: bool = False, **popen_kwargs: Any) -> subprocess.Popen: ...
+                   overlap: bool = True, other_job: bool = False, het_group: int | None = None,
+                   **popen_kwargs: Any) -> subprocess.Popen: ...
 
 
 class SlurmCommands:
@@ -538,6 +545,14 @@ class SlurmCommands:
         out = self._run(build_show_job_command(job_id), f"reading job {job_id}",
                         "check the job id with `squeue`; finished jobs vanish after MinJobAge")
         return parse_scontrol_show_job(out)
+
+    def allocation(self, job_id: int):
+        """What job `job_id` (a heterogeneous job's leader, or a plain job) holds: every component,
+        its nodes and the GPUs on each (launcher.allocation.Allocation)."""
+        from launcher.allocation import parse_show_job_detail  # it builds on this module's parsers
+
+        return parse_show_job_detail(self._run(build_show_job_command(job_id, detail=True), f"reading job {job_id}",
+                                               "check the job id with `squeue`; finished jobs vanish after MinJobAge"))
 
     def jobs(self) -> list[JobInfo]:
         return parse_squeue_json(self._run(build_squeue_command(), "listing jobs", _STATUS_HINT))
@@ -602,12 +617,14 @@ class SlurmCommands:
 
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
                    gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
-                   overlap: bool = True, other_job: bool = False, **popen_kwargs: Any) -> subprocess.Popen:
+                   overlap: bool = True, other_job: bool = False, het_group: int | None = None,
+                   **popen_kwargs: Any) -> subprocess.Popen:
         """Start `srun` for one step and return at once; the caller owns the process.
 
         other_job=True: the step belongs to another job than the one this process runs in (a
-        companion job), so srun gets none of this job's SLURM_* variables (SLURM_CONF stays)."""
-        cmd = build_srun_command(job_id, nodes, ntasks_per_node, gpus_per_node, env, argv, overlap)
+        companion job), so srun gets none of this job's SLURM_* variables (SLURM_CONF stays).
+        het_group: the component of a heterogeneous job (`job_id` is then the leader's)."""
+        cmd = build_srun_command(job_id, nodes, ntasks_per_node, gpus_per_node, env, argv, overlap, het_group)
         popen_kwargs.setdefault("env", env_outside_job(self._env()) if other_job else self._env())
         try:
             return subprocess.Popen(cmd, **popen_kwargs)
