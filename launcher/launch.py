@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = options_from_args(args)
         backend, slurm_job_id = make_backend(args.backend, job_id=args.job_id, gpus_per_node=opts.gpus_per_node,
                                              min_nodes=opts.min_nodes, max_nodes=opts.max_nodes,
-                                             local_nodes=args.local_nodes, log_dir=args.log_dir)
+                                             local_nodes=args.local_nodes, log_dir=args.log_dir,
+                                             node_gpus=opts.node_gpus)
         if args.master_addr is None:
             opts.master_addr = backend.default_master_addr()
         if args.dry_run:

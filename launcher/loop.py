@@ -38,12 +38,15 @@ class Launcher:
 
     def __init__(self, opts: Options, backend: NodeBackend, store, *, slurm_job_id: str | None = None,
                  log: Callable[[str], None] | None = None) -> None:
+        from launcher.policy import tp_fit
         from migrate.topology import Topology
 
         self.opts, self.backend, self.db = opts, backend, store
         self.gpn = opts.gpus_per_node
         self.alloc = backend.allocation()
-        self.topology = Topology.grid(len(self.alloc), self.gpn, names=self.alloc, pinned=(backend.batch_node,))
+        sizes = [backend.gpus_on(n) for n in self.alloc]
+        self.topology = Topology.of_nodes(sizes, names=self.alloc, pinned=(backend.batch_node,))
+        self.tp_fit = tp_fit(sizes)  # uneven nodes: TP groups that fit every node (gpn when all alike)
         self.index = {n: i for i, n in enumerate(self.alloc)}
         self.slurm_job_id = slurm_job_id
         self.log = log or (lambda m: print(f"[elastic-launch] {m}", file=sys.stderr, flush=True))
@@ -70,6 +73,10 @@ class Launcher:
     # -- what the job holds ---------------------------------------------------------------------------
     def node_devices(self, node: str) -> list[int]:
         return self.topology.node_devices(node)
+
+    def devices_on(self, nodes: Sequence[str]) -> int:
+        """How many devices `nodes` have (nodes may differ)."""
+        return sum(len(self.topology.node_devices(n)) for n in nodes)
 
     @property
     def active(self) -> list[str]:
@@ -98,7 +105,7 @@ class Launcher:
     def choose(self, devices: int):
         from launcher.policy import choose_layout
 
-        return choose_layout(devices, self.gpn, self.opts.layouts, self.model)
+        return choose_layout(devices, self.tp_fit, self.opts.layouts, self.model)
 
     def launch_spec(self) -> dict:
         """What the dashboard's dry run of a preempt needs without importing the launcher: the model,
@@ -107,8 +114,9 @@ class Launcher:
 
         layouts = {}
         for n in range(self.opts.min_nodes, self.opts.max_nodes + 1):
+            devices = self.devices_on(self.alloc[:n])
             try:
-                layouts[str(n * self.gpn)] = str(self.choose(n * self.gpn))
+                layouts[str(devices)] = str(self.choose(devices))
             except LayoutError:
                 continue
         return {"model": self.ctl.model(), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
@@ -241,7 +249,7 @@ class Launcher:
         self.start_nodes(nodes, 0)
         self.wait_ready(nodes)
         self.model = ModelSpec(**{k: v for k, v in self.ctl.model().items()})
-        layout = self.choose(len(nodes) * self.gpn)
+        layout = self.choose(self.devices_on(nodes))
         self.current = RankMap(layout, self._start_devices(layout, nodes))
         devices = self.current.devices
         self.epoch = 0
@@ -252,7 +260,8 @@ class Launcher:
         self.ctl.post(ev)
         if job is None:
             self.job_id = self.db.create_job(self.opts.job_name, str(layout), self.gpn,
-                                             self.opts.max_nodes * self.gpn, slurm_job_id=self.slurm_job_id,
+                                             self.devices_on(nodes) + (self.opts.max_nodes - len(nodes)) * self.gpn,
+                                             slurm_job_id=self.slurm_job_id,
                                              pinned_node=self.backend.batch_node, nodes=nodes,
                                              min_nodes=self.opts.min_nodes)
         else:  # the same job goes on: its history, requests and epochs continue

@@ -75,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nnodes", default="1", metavar="MIN:MAX",
                    help="nodes to run on, N or MIN:MAX (torchrun's spelling); the job never shrinks below MIN "
                         "(default 1)")
-    p.add_argument("--gpus-per-node", type=int, default=None, metavar="G",
-                   help="GPUs (workers) per node (default: $SLURM_GPUS_ON_NODE, else 1)")
+    p.add_argument("--gpus-per-node", default=None, metavar="G[,G...]",
+                   help="GPUs (workers) per node (default: $SLURM_GPUS_ON_NODE, else 1); the local backend also "
+                        "takes one count per simulated node, e.g. 4,4,2,2 (uneven nodes: TP then fits every node)")
     p.add_argument("--layouts", metavar="L1,L2,...",
                    help="allowed layouts in order of preference, e.g. pp4tp2,pp2tp4,pp2tp2; for each device count "
                         "the valid one using most devices wins. Default: any PP x TP x DP grid with TP inside a "
@@ -162,6 +163,7 @@ class Options:
     placement: str = "packed"
     resume: bool = False
     release_early: bool = False  # migrations free old tensors as they are sent (lower peak memory)
+    node_gpus: tuple[int, ...] = ()  # local backend, uneven nodes: GPUs of each simulated node
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -171,9 +173,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
     if not command:
         raise UsageError("give the worker command after `--`, e.g. -- python -m launcher.worker --layers 8")
     lo, hi = parse_nnodes(args.nnodes)
-    gpn = args.gpus_per_node
-    if gpn is None:
-        gpn = int(os.environ.get("SLURM_GPUS_ON_NODE", "1") or 1)
+    node_gpus = _node_gpus(args)
+    gpn = max(node_gpus) if node_gpus else int(args.gpus_per_node or os.environ.get("SLURM_GPUS_ON_NODE", "1") or 1)
     if gpn < 1:
         raise UsageError(f"--gpus-per-node must be at least 1, got {gpn}")
     layouts = parse_layouts(args.layouts)
@@ -185,7 +186,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     from launcher.policy import NoLayoutError, check_node_range
 
     try:
-        check_node_range(lo, hi, gpn, layouts, model)
+        check_node_range(lo, hi, gpn, layouts, model, node_gpus)
     except NoLayoutError as exc:
         raise UsageError(f"--layouts/--nnodes: {exc}") from None
     return Options(lo, hi, gpn, layouts, command, db_url=args.db, on_signal=args.on_signal,
@@ -194,9 +195,33 @@ def options_from_args(args: argparse.Namespace) -> Options:
                    ready_timeout=args.ready_timeout, migrate_timeout=args.migrate_timeout,
                    companion_timeout=args.companion_timeout, model=model,
                    checkpoint_dir=args.checkpoint_dir, resume=args.resume, placement=args.placement,
-                   release_early=args.release_early,
+                   release_early=args.release_early, node_gpus=node_gpus,
                    checkpoint_every=auto_checkpoint_every(lo, hi, gpn, layouts, model, args.placement)
                    if args.checkpoint_every is None else args.checkpoint_every)
+
+
+def _node_gpus(args: argparse.Namespace) -> tuple[int, ...]:
+    """`--gpus-per-node 4,4,2,2`: one count per simulated node (local backend only; on Slurm the
+    counts are the allocation's). A single count gives () (all nodes alike)."""
+    text = args.gpus_per_node
+    if text is None or "," not in str(text):
+        try:
+            int(text or 1)
+        except ValueError:
+            raise UsageError(f"--gpus-per-node takes a count or counts per node like 4,4,2,2, got {text!r}") from None
+        return ()
+    from launcher.commands.plan import parse_node_sizes
+
+    sizes = tuple(parse_node_sizes(text))
+    slurm = args.backend == "slurm" or (args.backend == "auto" and (args.job_id or os.environ.get("SLURM_JOB_ID")))
+    if slurm:
+        raise UsageError("--gpus-per-node with one count per node is for the local backend; on Slurm the GPUs "
+                         "of each node are the allocation's")
+    if args.local_nodes not in (None, len(sizes)):
+        raise UsageError(f"--local-nodes {args.local_nodes} but --gpus-per-node names {len(sizes)} nodes")
+    if parse_nnodes(args.nnodes)[1] > len(sizes):
+        raise UsageError(f"--nnodes {args.nnodes} asks for more nodes than the {len(sizes)} of --gpus-per-node")
+    return sizes
 
 
 def default_checkpoint_dir(db_url: str | None, job_name: str) -> Path:

@@ -14,6 +14,7 @@ nodes; when nothing fits without spanning, the error says so.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from migrate.layout import LayoutError, ModelSpec, ParallelConfig
@@ -93,11 +94,21 @@ def choose_layout(devices: int, gpus_per_node: int | Sequence[int], layouts: Seq
     return found[0]
 
 
+def tp_fit(node_gpus: Sequence[int]) -> int:
+    """What a TP group's size must divide to fit inside every one of these nodes: the greatest common
+    divisor of their GPU counts (the count itself when all nodes are alike; 2 for 4,4,2,2)."""
+    return math.gcd(*node_gpus)
+
+
 def check_node_range(min_nodes: int, max_nodes: int, gpus_per_node: int, layouts: Sequence[ParallelConfig],
-                     model: ModelSpec | None = None) -> None:
-    """Every node count in [min_nodes, max_nodes] must have a layout (NoLayoutError otherwise)."""
+                     model: ModelSpec | None = None, node_gpus: Sequence[int] = ()) -> None:
+    """Every node count in [min_nodes, max_nodes] must have a layout (NoLayoutError otherwise).
+    Uneven nodes (`node_gpus`, local backend): n nodes are the first n, TP fits every node."""
     for n in range(min_nodes, max_nodes + 1):
+        devices = sum(node_gpus[:n]) if node_gpus else n * gpus_per_node
+        fit = tp_fit(node_gpus) if node_gpus else gpus_per_node
         try:
-            choose_layout(n * gpus_per_node, gpus_per_node, layouts, model)
+            choose_layout(devices, fit, layouts, model)
         except NoLayoutError as exc:
-            raise NoLayoutError(f"with {n} node(s) x {gpus_per_node} GPUs: {exc}") from None
+            shape = f"GPUs {','.join(map(str, node_gpus[:n]))}" if node_gpus else f"x {gpus_per_node} GPUs"
+            raise NoLayoutError(f"with {n} node(s) {shape}: {exc}") from None

@@ -25,7 +25,8 @@ __all__ = ["Acquired", "AcquireFailed", "CannotAcquire", "NodeBackend", "NodeHan
 
 
 def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes: int, max_nodes: int,
-                 local_nodes: int | None = None, log_dir: Path | None = None) -> tuple[NodeBackend, str | None]:
+                 local_nodes: int | None = None, log_dir: Path | None = None,
+                 node_gpus: tuple[int, ...] = ()) -> tuple[NodeBackend, str | None]:
     """(backend, Slurm job id or None) for `--backend kind` ("auto": slurm inside a Slurm job, else local).
     Bad choices are UsageErrors, raised before anything starts."""
     if job_id is None and os.environ.get("SLURM_JOB_ID", "").isdigit():
@@ -35,10 +36,10 @@ def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes
     if kind == "local":
         from launcher.backends.local import LocalNodes
 
-        n = local_nodes or max_nodes
+        n = local_nodes or len(node_gpus) or max_nodes
         if n < min_nodes:
             raise UsageError(f"--local-nodes {n} is below the --nnodes minimum {min_nodes}")
-        return LocalNodes(n, gpus_per_node, log_dir=log_dir), None
+        return LocalNodes(n, gpus_per_node, log_dir=log_dir, node_gpus=node_gpus), None
     if job_id is None:
         raise UsageError("--backend slurm needs a job: run inside an sbatch script or give --job-id")
     from launcher.backends import slurm_client

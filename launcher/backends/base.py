@@ -126,6 +126,9 @@ class NodeBackend(Protocol):
     def allocation(self) -> list[str]:
         """The nodes held now, the batch node first."""
 
+    def gpus_on(self, node: str) -> int:
+        """GPUs (workers) of `node`; nodes may differ (uneven nodes)."""
+
     def describe(self) -> str:
         """One line for logs and the dry run."""
 

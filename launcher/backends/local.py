@@ -15,15 +15,24 @@ from launcher.backends.base import Acquired, CannotAcquire, NodeHandle, Reporter
 
 
 class LocalNodes:
-    """`nodes` simulated nodes of `gpus_per_node` devices, every worker a process here."""
+    """`nodes` simulated nodes of `gpus_per_node` devices (or `node_gpus[i]` on node i: uneven
+    nodes), every worker a process here."""
 
     released_nodes_return = True  # a released simulated node can be started again
 
-    def __init__(self, nodes: int, gpus_per_node: int, log_dir: Path | None = None) -> None:
+    def __init__(self, nodes: int, gpus_per_node: int, log_dir: Path | None = None,
+                 node_gpus: Sequence[int] = ()) -> None:
+        if node_gpus and len(node_gpus) != nodes:
+            raise ValueError(f"{nodes} simulated nodes but {len(node_gpus)} GPU counts")
         self.names = [f"node{i}" for i in range(nodes)]
-        self.gpus_per_node = gpus_per_node
+        self.sizes = list(node_gpus) or [gpus_per_node] * nodes
+        self.gpus_per_node = max(self.sizes)
+        self.first = [sum(self.sizes[:i]) for i in range(nodes)]  # device id of each node's GPU 0
         self.log_dir = log_dir
         self.released: list[list[str]] = []
+
+    def gpus_on(self, node: str) -> int:
+        return self.sizes[self.names.index(node)]
 
     def allocation(self) -> list[str]:
         return list(self.names)
@@ -33,14 +42,19 @@ class LocalNodes:
         return self.names[0]
 
     def describe(self) -> str:
+        if len(set(self.sizes)) > 1:
+            return (f"local backend: {len(self.names)} simulated nodes with {','.join(map(str, self.sizes))} devices "
+                    "on this machine")
         return f"local backend: {len(self.names)} simulated nodes x {self.gpus_per_node} devices on this machine"
 
     def worker_env(self, node: str, index: int, base: Mapping[str, str]) -> list[dict[str, str]]:
         out = []
-        for g in range(self.gpus_per_node):
+        for g in range(self.sizes[index]):
             env = dict(base)
-            env.update({C.ENV_DEVICE: str(index * self.gpus_per_node + g), C.ENV_LOCAL_ID: str(g),
+            env.update({C.ENV_DEVICE: str(self.first[index] + g), C.ENV_LOCAL_ID: str(g),
                         C.ENV_NODE: node, C.ENV_NODE_INDEX: str(index)})
+            if len(set(self.sizes)) > 1:  # the worker's LOCAL_WORLD_SIZE is its node's GPU count
+                env[C.ENV_GPUS_PER_NODE] = str(self.sizes[index])
             out.append(env)
         return out
 

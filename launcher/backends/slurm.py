@@ -51,6 +51,10 @@ class SlurmNodes:
         self.companion_batch: dict[int, str] = {}  # companion job -> its batch host (never shrunk away)
         self.companions_submitted = 0
 
+    def gpus_on(self, node: str) -> int:
+        """GPUs of `node` the workers use: --gpus-per-node on every node (uneven Slurm nodes: not yet)."""
+        return self.gpus_per_node
+
     def allocation(self) -> list[str]:
         nodes = list(self.info.nodes)
         if self.info.batch_host in nodes:  # the batch node first: it is pinned and always used

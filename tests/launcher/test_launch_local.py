@@ -13,14 +13,17 @@ from migrate.layout import ParallelConfig
 WORKER = ["python", "-m", "launcher.worker", "--layers", "4", "--hidden", "128", "--vocab", "512", "--log-every", "0"]
 
 
-def run_job(tmp_path, script, nodes=2, gpn=2, layouts="pp2tp2,pp2", min_nodes=1, max_steps=300):
+def run_job(tmp_path, script, nodes=2, gpn=2, layouts="pp2tp2,pp2", min_nodes=1, max_steps=300, node_gpus=(),
+            layers=4):
     """Run a job; `script` is [(steps, fn(launcher, db_url))]: each fn runs once the job has trained
-    `steps` more steps since the previous action was carried out; then the job is stopped."""
+    `steps` more steps since the previous action was carried out; then the job is stopped.
+    `node_gpus`: uneven simulated nodes (GPUs of each)."""
     url = f"sqlite:///{tmp_path}/e.db"
     store = Store(url)
-    opts = Options(min_nodes, nodes, gpn, [ParallelConfig.parse(x) for x in layouts.split(",")], WORKER,
-                   job_name="t", poll=0.1, ready_timeout=120, migrate_timeout=120)
-    la = Launcher(opts, LocalNodes(nodes, gpn, log_dir=tmp_path / "logs"), store)
+    worker = [str(layers) if w == "4" and WORKER[i - 1] == "--layers" else w for i, w in enumerate(WORKER)]
+    opts = Options(min_nodes, nodes, gpn, [ParallelConfig.parse(x) for x in layouts.split(",")], worker,
+                   job_name="t", poll=0.1, ready_timeout=120, migrate_timeout=120, node_gpus=tuple(node_gpus))
+    la = Launcher(opts, LocalNodes(nodes, gpn, log_dir=tmp_path / "logs", node_gpus=node_gpus), store)
     todo = list(script) + [(2, None)]
     mark = [0]
 
