@@ -12,6 +12,7 @@ import shlex
 import signal as signal_module
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class NodeHandle:
                  step: subprocess.Popen | None = None) -> None:
         self.node, self.devices, self.procs, self.step = node, devices, procs or {}, step
         self.task_exits: dict[int, int] = {}  # device -> exit status of a step's task that ended early
+        self.reader: threading.Thread | None = None  # reads srun's report into task_exits (Slurm)
 
     def _all(self) -> list[subprocess.Popen]:
         return ([self.step] if self.step else []) + list(self.procs.values())
@@ -77,7 +79,15 @@ class NodeHandle:
         """device -> exit code, for the devices whose worker has ended."""
         if self.step is not None:
             rc = self.step.poll()
-            return dict(self.task_exits) if rc is None else {d: self.task_exits.get(d, rc) for d in self.devices}
+            if rc is None:
+                return dict(self.task_exits)
+            if self.reader is not None:
+                self.reader.join(timeout=2)  # srun's last lines about its tasks
+            # srun exits with its worst task's status and names every task that ended badly: when a
+            # reported task explains that status, the tasks it did not name ended cleanly (a worker
+            # that finished its steps after another task of its node was killed is not a death)
+            rest = 0 if rc != 0 and rc in self.task_exits.values() else rc
+            return {d: self.task_exits.get(d, rest) for d in self.devices}
         return {d: p.returncode for d, p in self.procs.items() if p.poll() is not None}
 
     def all_exited(self) -> bool:

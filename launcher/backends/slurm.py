@@ -103,7 +103,8 @@ class SlurmNodes:
                                      self.step_env(node, index, base), resolve_python(argv),
                                      stdout=out, stderr=subprocess.PIPE, **kwargs)
         handle = NodeHandle(node, [index * self.gpus_per_node + g for g in range(self.gpus_per_node)], step=step)
-        threading.Thread(target=_watch_tasks, args=(step.stderr, out, handle), daemon=True).start()
+        handle.reader = threading.Thread(target=_watch_tasks, args=(step.stderr, out, handle), daemon=True)
+        handle.reader.start()
         return handle
 
     def stop(self, handle: NodeHandle, timeout: float) -> bool:

@@ -39,3 +39,17 @@ def test_a_dead_task_shows_while_its_step_runs(tmp_path) -> None:
         h.kill()
     assert h.exited() == {2: h.step.returncode, 3: 137}
     assert "task 1: Killed" in (tmp_path / "step-n2.log").read_text()
+
+
+@pytest.mark.parametrize("status, other", [(137, 0), (1, 1)])
+def test_a_step_that_ends_after_a_task_died(tmp_path, status, other) -> None:
+    """srun exits with its worst task's status: when the task it reported explains it, the other task
+    ended cleanly (its worker finished); a status no report explains is the other task's too."""
+    fake_srun = tmp_path / "srun"
+    fake_srun.write_text(f"#!/bin/sh\necho 'srun: error: n2: task 1: Killed' >&2\nsleep 0.3\nexit {status}\n")
+    fake_srun.chmod(0o755)
+    commands = SlurmCommands(env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    backend = SlurmNodes(commands, 5, 2, info=JobInfo(5, "RUNNING", ["n1", "n2"], "n1", 2), log_dir=tmp_path)
+    h = backend.start("n2", 1, {"K": "v"}, ["prog"])
+    assert h.wait(10)
+    assert h.exited() == {2: other, 3: 137}
