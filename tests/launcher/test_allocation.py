@@ -141,7 +141,10 @@ def test_heterogeneous_job_on_the_real_testbed(uneven: Testbed) -> None:
     companion = None
     try:
         _running(slurm, job)
-        alloc = slurm.allocation(job)
+        deadline = time.monotonic() + 30
+        while len((alloc := slurm.allocation(job)).components) < 2:  # the leader may be RUNNING first
+            assert time.monotonic() < deadline, f"component 1 of job {job} did not start: {alloc}"
+            time.sleep(0.2)
         lead, comp = alloc.components
         assert (lead.offset, lead.job_id, lead.partition, lead.nodes, lead.gpus) == (0, job, "gpu4", ("n1", "n2"), (4, 4))
         assert (comp.offset, comp.partition, comp.nodes, comp.gpus) == (1, "gpu2", ("n3", "n4"), (2, 2))
