@@ -3,6 +3,7 @@
 Everything the launcher and the workers say to each other goes through these keys:
 
   model                  the worker's model spec (JSON), offered by every worker, first one wins
+  hello/<dev>            a worker that uses the runtime API (launcher.runtime) started: live mode
   ready/<dev>            a worker is up and waits for events (JSON: pid, host)
   step/<dev>             the number of finished steps of a training worker (its heartbeat)
   ev/<e>                 event e (JSON): start | migrate | stop, posted by the launcher
@@ -143,6 +144,14 @@ class Control:
         return self.get_json("model") if self.has("model") else None
 
     # -- membership and heartbeats -----------------------------------------------------------
+    def hello(self, device: int) -> None:
+        """A worker that uses the runtime API says so first thing (`hello/<dev>`): the launcher then
+        runs the job in live mode and waits for it to register (launcher.runtime)."""
+        self.store.set(f"hello/{device}", str(os.getpid()))
+
+    def hellos(self, devices: Iterable[int]) -> list[int]:
+        return [d for d in devices if self.has(f"hello/{d}")]
+
     def set_ready(self, device: int, info: dict) -> None:
         self.set_json(f"ready/{device}", info)
 

@@ -67,6 +67,10 @@ class Launcher:
         self.pauses = PendingPauses()  # migrations whose pause is known once the new layout commits a step
         self.epoch_base = 0  # database epochs of a resumed job continue after its earlier ones
         self.loss_step = 0  # the last step whose loss is in the database
+        self.restarts = None  # launcher.restart.RestartMode while the job runs in restart mode
+        self.deciding = False  # auto mode: restart mode until the workers join through launcher.runtime
+        self.generic = False  # live mode through launcher.runtime (a model only the workers know)
+        self.last_step = 0  # the last finished step recorded in the database
         self.ckpt_dir = checkpoint_dir(opts, store.url if store else None)
         self.request: StartRequest | None = None  # built once the control plane has its port
 
@@ -103,6 +107,10 @@ class Launcher:
         return out
 
     def choose(self, devices: int):
+        if self.generic:
+            from launcher import runtime_moves
+
+            return runtime_moves.choose(self, devices)
         from launcher.policy import choose_layout
 
         return choose_layout(devices, self.tp_fit, self.opts.layouts, self.model)
@@ -133,7 +141,8 @@ class Launcher:
         said = survival(self.current.layout, self.current.devices, self._node_of()).describe()
         self.log(f"job {self.job_id}: {self.current.layout} {said}")
         self.db.audit("elastic-launch", "survival", f"job:{self.job_id}", f"{self.current.layout} {said}")
-        self.db.set_launch_spec(self.job_id, self.launch_spec())
+        if not self.generic:  # the dashboard's dry run plans the reference GPT only
+            self.db.set_launch_spec(self.job_id, self.launch_spec())
 
     def record_loss(self) -> None:
         """Copy the latest step the workers reported (loss, layout) into the database, once per step."""
@@ -163,10 +172,13 @@ class Launcher:
                 bad = {d: rc for d, rc in self.handles[n].exited().items() if d not in ready}
                 if bad:
                     raise MigrationFailed(f"workers on {n}{note} exited before registering (exit codes {bad}); "
-                                          "see their output")
+                                          f"{self.log_hint(bad)}")
             if time.monotonic() > deadline:
-                raise MigrationFailed(f"workers {sorted(set(devs) - set(ready))}{note} did not register within "
-                                      f"{timeout:.0f} s")
+                from launcher.runtime import JOIN_CALL
+
+                late = sorted(set(devs) - set(ready))
+                raise MigrationFailed(f"workers {late}{note} did not register within {timeout:.0f} s: a live-mode "
+                                      f"program must call {JOIN_CALL} (or run in restart mode); {self.log_hint(late)}")
             time.sleep(0.1)
 
     def wait_results(self, e: int, participants: list[int]) -> dict[int, dict]:
@@ -208,6 +220,18 @@ class Launcher:
             raise MigrationFailed(bad[0])
         return results
 
+    def log_hint(self, devices) -> str:
+        """Where the output of these workers went, for error messages."""
+        log_dir = getattr(self.backend, "log_dir", None)
+        if log_dir is None:
+            return "their output went to elastic-launch's own (no --log-dir)"
+        from launcher.backends.local import LocalNodes
+
+        if not isinstance(self.backend, LocalNodes):  # one srun step (and log) per node
+            nodes = sorted({self.topology.devices[d].node for d in devices})
+            return "see " + ", ".join(str(log_dir / f"step-{n}.log") for n in nodes)
+        return "see " + ", ".join(str(log_dir / f"worker-dev{d}.log") for d in sorted(devices))
+
     def dead(self, all_codes: bool = False) -> dict[int, int]:
         """device -> exit code of workers that ended (with an error, unless all_codes)."""
         return {d: rc for d, rc in self.exited().items() if all_codes or rc != 0}
@@ -246,9 +270,51 @@ class Launcher:
         self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port}; {self.backend.describe()}")
         self.request = StartRequest.for_job(self.opts, self.db.url, self.ctl.port)
         nodes = self.alloc[:self.opts.max_nodes]
+        mode = self.opts.mode
+        if mode == "auto" and (self.opts.model is not None or self.opts.resume
+                               or "launcher.worker" in self.opts.command):
+            mode = "live"  # the reference worker (python -m launcher.worker) registers
+        if mode != "live":
+            self.start_restart_mode(nodes, deciding=mode == "auto")
+            return
         self.start_nodes(nodes, 0)
         self.wait_ready(nodes)
-        self.model = ModelSpec(**{k: v for k, v in self.ctl.model().items()})
+        self.go_live(nodes)
+
+    def start_restart_mode(self, nodes: list[str], deciding: bool) -> None:
+        """Restart mode (torchrun's contract): the job is registered at once, every worker started as one world."""
+        from launcher.restart import RestartMode
+
+        self.job_id = self.db.create_job(self.opts.job_name, f"pp1tp1dp{len(nodes) * self.gpn}", self.gpn,
+                                         self.opts.max_nodes * self.gpn, slurm_job_id=self.slurm_job_id,
+                                         pinned_node=self.backend.batch_node, nodes=nodes, mode="restart",
+                                         min_nodes=self.opts.min_nodes)
+        self.restarts, self.deciding = RestartMode(self), deciding
+        self.restarts.start_world(nodes)
+        self.db.record_rank_map(self.job_id, 0, str(self.current.layout), self.entries(self.current))
+        self.log(f"job {self.job_id}: restart mode, {self.current.layout} on {','.join(nodes)}")
+
+    def went_live(self) -> bool:
+        """Auto mode: once a worker joined through launcher.runtime, the job runs in live mode from here."""
+        if not self.ctl.hellos(self.current.devices):
+            return False
+        self.log("the workers use the runtime API: live mode")
+        nodes = self.active
+        self.wait_ready(nodes)
+        self.restarts.close()
+        self.restarts, self.deciding, self.epoch_base = None, False, self.restarts.count + 1
+        self.go_live(nodes)
+        return True
+
+    def go_live(self, nodes: list[str]) -> None:
+        """The workers registered: pick the layout, post it (event 0), record the job."""
+        from launcher.resume import continue_job, resume_point
+        from migrate.layout import ModelSpec
+        from migrate.topology import RankMap
+
+        spec = self.ctl.model()
+        self.generic = spec.get("kind") == "generic"
+        self.model = None if self.generic else ModelSpec(**spec)
         layout = self.choose(self.devices_on(nodes))
         self.current = RankMap(layout, self._start_devices(layout, nodes))
         devices = self.current.devices
@@ -258,7 +324,9 @@ class Launcher:
         if path:
             ev["checkpoint"] = path
         self.ctl.post(ev)
-        if job is None:
+        if self.job_id is not None:  # auto mode: registered in restart mode until the workers joined
+            self.db.update_job(self.job_id, mode="live", layout=str(layout))
+        elif job is None:
             self.job_id = self.db.create_job(self.opts.job_name, str(layout), self.gpn,
                                              self.devices_on(nodes) + (self.opts.max_nodes - len(nodes)) * self.gpn,
                                              slurm_job_id=self.slurm_job_id,
@@ -292,6 +360,12 @@ class Launcher:
     def migrate_to(self, target: list[str], trigger: str, failed: Sequence[int] = (),
                    ready_timeout: float | None = None, note: str = "") -> Outcome:
         """Move the job onto the nodes `target` (pinned node included) with the next layout."""
+        if self.restarts is not None:
+            return self.restarts.restart_to(target, trigger)
+        if self.generic:
+            from launcher import runtime_moves
+
+            return runtime_moves.move(self, target, trigger)
         return Transaction(self, trigger).move(target, failed, ready_timeout, note)
 
     def shrink_to(self, n: int, trigger: str) -> Outcome:
@@ -374,6 +448,10 @@ class Launcher:
     def on_failure(self, dead: dict[int, int]) -> Outcome:
         """Workers died: re-plan from the surviving replicas. A worker's death fails its device; the
         whole node fails only when it is gone (every worker of it ended: its step ended)."""
+        if self.generic:
+            return Transaction(self, "failure").refuse(
+                f"workers {sorted(dead)} died (exit codes {sorted(set(dead.values()))}); {self.log_hint(dead)}; "
+                "live mode through launcher.runtime does not recover from a worker failure yet")
         self.log(f"workers {sorted(dead)} died (exit codes {sorted(set(dead.values()))})")
         hit = sorted({self.topology.devices[d].node for d in dead})
         gone = [n for n in hit if n not in self.handles or self.handles[n].all_exited()]
@@ -414,6 +492,11 @@ class Launcher:
         if suspend:
             self.suspend("signal")
             return
+        if self.restarts is not None:
+            self.restarts.stop_world()
+            self.stopped = True
+            self.db.set_job_state(self.job_id, "stopped")
+            return
         self.epoch += 1
         self.ctl.post({"epoch": self.epoch, "kind": "stop"})
         self.finish_all("finished", timeout=120)
@@ -421,6 +504,9 @@ class Launcher:
     def suspend(self, trigger: str) -> Outcome:
         """The last devices must go: every training worker writes its part of the state at one agreed step
         boundary into the checkpoint folder, then all exit; the job is recorded as suspended there."""
+        if self.restarts is not None or self.generic:
+            return Transaction(self, trigger).decline("suspend needs the reference worker's checkpoints; in "
+                                                      "restart mode the program keeps its own (stop the job instead)")
         from launcher.resume import suspend
 
         return suspend(self, trigger)
@@ -437,6 +523,14 @@ class Launcher:
     # -- the loop -------------------------------------------------------------------------------------
     def poll_once(self) -> bool:
         """One round of checks; False once the job is over."""
+        if self.restarts is not None:
+            if self.deciding and self.went_live():
+                return True
+            return self.restarts.poll_once()
+        step = self.max_step()
+        if step != self.last_step:  # what `elastic jobs` shows
+            self.last_step = step
+            self.db.update_job(self.job_id, last_step=step)
         self.pauses.settle(self.ctl, self.db, self.log)
         exited = self.exited()
         layout_devs = set(self.current.devices)
@@ -496,6 +590,13 @@ class Launcher:
                     break
                 time.sleep(self.opts.poll)
             return 0 if self.db.get_job(self.job_id).state in ("finished", "suspended") else 1
+        except KeyboardInterrupt:  # SIGINT or SIGTERM: the job ends as stopped, not stuck in running
+            self.log("interrupted: stopping the workers")
+            if self.restarts is not None:
+                self.restarts.stop_world()
+            if self.job_id is not None and self.db.get_job(self.job_id).state == "running":
+                self.db.set_job_state(self.job_id, "stopped")
+            raise
         finally:
             signal.signal(signal.SIGUSR1, old)
             signal.signal(signal.SIGTERM, old_term)

@@ -64,8 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an elastic hybrid-parallel training job: start one worker per GPU with srun (or as local "
                     "processes), move the model state directly between workers when nodes are taken away or given "
                     "back, and record every rank map and migration in the database.",
-        epilog="Workers get torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, "
-               "MASTER_PORT) plus ELASTIC_VIRTUAL_RANK and ELASTIC_LAYOUT for every layout epoch.\n\n"
+        epilog="Any program runs in RESTART mode (torchrun's contract): every worker gets RANK, LOCAL_RANK, "
+               "WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT (a rendezvous of its own world), "
+               "TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_RUN_ID; on a resize, preemption, USR1 or worker "
+               "failure all workers get SIGTERM (SIGKILL after --term-timeout) and the new world starts on the "
+               "new nodes; the program resumes from its own checkpoint. A program that joins through the "
+               "runtime API (launcher.runtime, or python -m launcher.worker) runs in LIVE mode: its state moves "
+               "between the running workers at a step boundary.\n\n"
                "Triggers: `elastic resize JOB --nodes N`, `elastic preempt JOB --nodes n3,n4`, dashboard requests, "
                "SIGUSR1 (see --on-signal), a worker that dies.\n\n"
                "Example (in an sbatch script):\n"
@@ -133,6 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Slurm: growing beyond the nodes the job holds submits a companion job (same partition, "
                         "GPUs and tasks per node) whose steps run the new workers; it has this many seconds to "
                         "start (and its workers to register) or it is cancelled and the grow fails (default 120)")
+    p.add_argument("--mode", choices=("auto", "live", "restart"), default="auto",
+                   help="live: the program uses the runtime API (launcher.runtime, or python -m launcher.worker) and "
+                        "its state moves between running workers; restart: torchrun's contract, every worker is "
+                        "stopped and the new world started, the program resumes from its own checkpoint; auto "
+                        "(default): live once the workers join through the runtime API, restart until then")
+    p.add_argument("--term-timeout", type=float, default=30.0, metavar="S",
+                   help="restart mode: seconds workers have after SIGTERM before SIGKILL (default 30)")
+    p.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                   help="restart mode: worker failures the job restarts from before it fails (default 3)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the srun and scontrol commands it would run and exit; starts and writes nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
@@ -164,6 +178,9 @@ class Options:
     resume: bool = False
     release_early: bool = False  # migrations free old tensors as they are sent (lower peak memory)
     node_gpus: tuple[int, ...] = ()  # local backend, uneven nodes: GPUs of each simulated node
+    mode: str = "auto"  # live | restart | auto (restart until the workers join through launcher.runtime)
+    term_timeout: float = 30.0
+    max_restarts: int = 3
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -177,10 +194,17 @@ def options_from_args(args: argparse.Namespace) -> Options:
     gpn = max(node_gpus) if node_gpus else int(args.gpus_per_node or os.environ.get("SLURM_GPUS_ON_NODE", "1") or 1)
     if gpn < 1:
         raise UsageError(f"--gpus-per-node must be at least 1, got {gpn}")
+    from launcher.torchrun_exec import missing_program
+
+    missing = missing_program(command)
+    if missing:
+        raise UsageError(missing)
     layouts = parse_layouts(args.layouts)
     model = model_from_command(command)
     if args.companion_timeout <= 0:
         raise UsageError(f"--companion-timeout must be a positive number of seconds, got {args.companion_timeout}")
+    if args.term_timeout < 0 or args.max_restarts < 0:
+        raise UsageError("--term-timeout and --max-restarts must not be negative")
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be 0 (off) or a number of steps, got {args.checkpoint_every}")
     from launcher.policy import NoLayoutError, check_node_range
@@ -195,7 +219,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
                    ready_timeout=args.ready_timeout, migrate_timeout=args.migrate_timeout,
                    companion_timeout=args.companion_timeout, model=model,
                    checkpoint_dir=args.checkpoint_dir, resume=args.resume, placement=args.placement,
-                   release_early=args.release_early, node_gpus=node_gpus,
+                   release_early=args.release_early, node_gpus=node_gpus, mode=args.mode,
+                   term_timeout=args.term_timeout, max_restarts=args.max_restarts,
                    checkpoint_every=auto_checkpoint_every(lo, hi, gpn, layouts, model, args.placement)
                    if args.checkpoint_every is None else args.checkpoint_every)
 

@@ -507,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"launcher.worker: error: {exc}", file=sys.stderr)
         return 2
+    ctl.hello(device)  # a live-mode program: the launcher waits for it to register
     worker = None
     try:
         worker = Worker(args, ctl, device, local, gpn)

@@ -118,9 +118,9 @@ def test_grow_choice(active, alloc, gone, want, take, missing) -> None:
 
 
 def test_companion_timeout_option() -> None:
-    args = build_parser().parse_args(["--nnodes", "1:2", "--companion-timeout", "7", "--", "python", "x.py"])
+    args = build_parser().parse_args(["--nnodes", "1:2", "--companion-timeout", "7", "--", "python", "-c", "pass"])
     assert options_from_args(args).companion_timeout == 7.0
-    args = build_parser().parse_args(["--nnodes", "1:2", "--", "python", "x.py"])
+    args = build_parser().parse_args(["--nnodes", "1:2", "--", "python", "-c", "pass"])
     assert options_from_args(args).companion_timeout == 120.0
 
 

@@ -25,7 +25,7 @@ def test_dry_run_prints_what_the_start_runs(tmp_path, monkeypatch, capsys) -> No
     out_dir.mkdir()
     flags = ["--backend", "local", "--nnodes", "2", "--gpus-per-node", "2", "--layouts", "pp2tp2",
              "--master-port", str(free_port()), "--db", str(tmp_path / "e.db"), "--checkpoint-every", "3",
-             "--ready-timeout", "20", "--", "python", "-c", DUMP, str(out_dir)]
+             "--ready-timeout", "20", "--mode", "live", "--", "python", "-c", DUMP, str(out_dir)]
     assert main(["--dry-run", *flags]) == 0
     lines = [shlex.split(x) for x in capsys.readouterr().out.splitlines() if x.startswith("env ")]
     assert len(lines) == 4

@@ -113,7 +113,7 @@ def _real_manifest(rank: int, port: int, q) -> None:
 def test_meta_manifest_equals_the_dtensor_state_real_processes_hold() -> None:
     import torch.multiprocessing as mp
 
-    from launcher.control import free_port
+    from migrate.localrun import free_port
 
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()

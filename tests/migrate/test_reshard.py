@@ -95,7 +95,7 @@ def _run(proc: int, port: int, q) -> None:
 def test_state_moves_bit_exact_between_real_processes_tp2_to_dp2_to_tp2() -> None:
     import torch.multiprocessing as mp
 
-    from launcher.control import free_port
+    from migrate.localrun import free_port
 
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()

@@ -1,0 +1,125 @@
+"""An MLP-Mixer in LIVE mode: tensor parallel through parallelize_module plus data parallel, its state
+moved between the running workers when elastic-launch resizes the job (no step lost or repeated).
+
+    elastic-launch --backend local --nnodes 1:2 --gpus-per-node 2 --layouts tp2dp2,tp2dp1 -- \\
+        python examples/mixer_live.py --steps 40 --log /tmp/mixer.log
+
+Everything elastic is in the five lines marked `# elastic`; the rest is an ordinary training loop.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from launcher import runtime  # elastic
+
+TOKENS, DIM, HIDDEN = 8, 16, 32
+
+
+class MixerBlock(nn.Module):
+    """Token mixing (replicated) then channel mixing (the TP part: channel_up column-, channel_down row-parallel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.token_mix = nn.Linear(TOKENS, TOKENS)
+        self.channel_up = nn.Linear(DIM, HIDDEN)
+        self.channel_down = nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.token_mix(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channel_down(torch.relu(self.channel_up(self.norm2(x))))
+
+
+class Mixer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # the same initial model on every rank
+        self.block = MixerBlock()
+        self.head = nn.Linear(DIM, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(x)).mean(dim=(1, 2))
+
+
+class DataPosition:
+    """Where the data stream stands: carried through every migration."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+
+    def state_dict(self) -> dict:
+        return {"samples": self.samples}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.samples = d["samples"]
+
+
+def batch(step: int, global_batch: int, dp_rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This DP rank's share of step `step`'s global batch (the same global batch on every layout)."""
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(global_batch, TOKENS, DIM, generator=g)
+    y = x.mean(dim=(1, 2)).sin()
+    per = global_batch // dp
+    return x[dp_rank * per:(dp_rank + 1) * per], y[dp_rank * per:(dp_rank + 1) * per]
+
+
+def full_state(job) -> dict[str, torch.Tensor]:
+    """Every tensor of the training state, whole (a collective: every rank calls it)."""
+    out = {}
+    names = {id(p): n for n, p in job.model.named_parameters()}
+    items = list(job.model.state_dict().items())
+    for p, st in job.optimizer.state.items():
+        items += [(f"optim.state.{names[id(p)]}.{k}", v) for k, v in sorted(st.items())]
+    for k, v in items:
+        out[k] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--log", type=Path, default=None, help="rank 0 appends `step loss layout` here")
+    p.add_argument("--dump-dir", type=Path, default=None,
+                   help="rank 0 saves the whole state after every step and before every step (tests)")
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    args = p.parse_args()
+    data = DataPosition()
+    job = runtime.join(model=lambda layout: Mixer(),  # elastic
+                       tp_plan={"block.channel_up": ColwiseParallel(), "block.channel_down": RowwiseParallel()},
+                       optimizer=lambda params: torch.optim.Adam(params, lr=1e-2),
+                       state={"data": data})
+    while job.next_step(until=args.steps):  # elastic: migrations happen here, between steps
+        lay = job.layout
+        if args.dump_dir:
+            state = full_state(job)
+            if lay.rank == 0:
+                torch.save(state, args.dump_dir / f"before-{job.step}.pt")
+        x, y = batch(job.step, args.global_batch, lay.dp_rank, lay.dp)
+        loss = nn.functional.mse_loss(job.model(x), y)
+        job.optimizer.zero_grad()
+        loss.backward()
+        job.reduce_gradients()  # elastic: DP gradient mean
+        job.optimizer.step()
+        data.samples += args.global_batch
+        if args.dump_dir:
+            state = full_state(job)
+            if lay.rank == 0:
+                torch.save(state, args.dump_dir / f"after-{job.step}.pt")
+        if lay.rank == 0 and args.log:
+            with open(args.log, "a") as f:
+                f.write(f"{job.step} {loss.item():.6f} {lay.name} {data.samples}\n")
+        if args.step_sleep:
+            import time
+
+            time.sleep(args.step_sleep)
+
+
+if __name__ == "__main__":
+    main()

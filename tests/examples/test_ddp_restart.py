@@ -1,0 +1,89 @@
+"""examples/ddp_restart.py under `elastic-launch --backend local` in restart mode (torchrun's contract):
+real worker processes, a shrink 2 -> 1 and a grow 1 -> 2 requested with `elastic resize`, the script
+resuming from its own DCP checkpoint each time. The oracle is the script's own step log: steps go on
+from the last checkpoint (at most --ckpt-every - 1 steps redone, none skipped)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from db import Store
+from launcher.cli import main as elastic
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH = [sys.executable, "-m", "launcher.launch"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _log(path: Path) -> list[tuple[int, float, int, int]]:
+    """(step, loss, world size, restart count) lines the script's rank 0 wrote."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        s, loss, world, restart = line.split()
+        out.append((int(s), float(loss), int(world), int(restart)))
+    return out
+
+
+def _wait(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, f"elastic-launch exited ({proc.returncode}) while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _launch(tmp_path: Path, url: str, steps: int, sleep: float) -> subprocess.Popen:
+    cmd = [*LAUNCH, "--backend", "local", "--nnodes", "1:2", "--gpus-per-node", "1", "--db", url,
+           "--job-name", "ddp", "--term-timeout", "20", "--log-dir", str(tmp_path / "logs"), "--poll", "0.1",
+           "--", "python", str(ROOT / "examples" / "ddp_restart.py"), "--steps", str(steps), "--ckpt-every", "2",
+           "--ckpt-dir", str(tmp_path / "ckpt"), "--log", str(tmp_path / "steps.log"), "--step-sleep", str(sleep)]
+    return subprocess.Popen(cmd, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_ddp_script_restarts_on_shrink_and_grow_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/e.db"
+    log = tmp_path / "steps.log"
+    proc = _launch(tmp_path, url, steps=16, sleep=0.3)
+    try:
+        _wait(lambda: Store(url).find_job("ddp") is not None, 30, "the job to be registered", proc)
+        job = Store(url).find_job("ddp")
+        assert (job.mode, job.state, job.layout) == ("restart", "running", "pp1tp1dp2")  # listed at once
+        _wait(lambda: len(_log(log)) >= 3, 120, "3 steps on 2 workers", proc)
+        assert elastic(["resize", "ddp", "--nodes", "1", "--db", url]) == 0
+        _wait(lambda: any(r[3] == 1 for r in _log(log)), 120, "a step after the shrink", proc)
+        _wait(lambda: _log(log)[-1][0] >= 9, 120, "step 9 on one worker", proc)
+        assert elastic(["resize", "ddp", "--nodes", "2", "--db", url]) == 0
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    rows = _log(log)
+    assert sorted({(r[3], r[2]) for r in rows}) == [(0, 2), (1, 1), (2, 2)], rows  # worlds: 2, then 1, then 2
+    for before, after in zip(rows, rows[1:]):
+        if after[3] != before[3]:  # the first step of a new world follows the last checkpoint (every 2 steps)
+            assert after[0] == before[0] // 2 * 2 + 1, (before, after)
+        else:
+            assert after[0] == before[0] + 1, (before, after)
+    assert rows[-1][0] == 16
+    store = Store(url)
+    job = store.find_job("ddp")
+    assert job.state == "finished" and job.mode == "restart"
+    assert [m.layout for m in store.rank_maps(job.id)] == ["pp1tp1dp2", "pp1tp1dp1", "pp1tp1dp2"]
+    migs = sorted(store.recent_migrations(job.id, limit=10), key=lambda m: m.id)
+    assert [(m.kind, m.trigger, m.status, m.from_layout, m.to_layout) for m in migs] == [
+        ("restart", "resize", "succeeded", "pp1tp1dp2", "pp1tp1dp1"),
+        ("restart", "resize", "succeeded", "pp1tp1dp1", "pp1tp1dp2")]
+    for m in migs:
+        assert set(m.phases) == {"stop", "start"} and m.pause_s is not None and m.pause_s > 0
+    assert [r.status for r in store.list_requests(job.id)] == ["done", "done"]

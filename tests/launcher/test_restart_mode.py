@@ -1,0 +1,89 @@
+"""Restart mode's contract and its errors, through the real `elastic-launch` (local backend, real processes):
+torchrun's variables on 2 nodes x 2 devices, a missing program in one line, a worker that exits before
+registering named with its exit code and log, a live-mode program that never joins, and a launcher
+stopped by SIGTERM ending its job as `stopped`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from db import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+DUMP_ENV = ("import json, os, sys; keys = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', "
+            "'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_RUN_ID', 'ELASTIC_STORE'); "
+            "json.dump({k: os.environ.get(k) for k in keys}, open(sys.argv[1] + '/' + os.environ['RANK'], 'w'))")
+
+
+def launch(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "launcher.launch", "--backend", "local", "--db", f"sqlite:///{tmp_path}/e.db",
+           "--log-dir", str(tmp_path / "logs"), "--poll", "0.05", *args]
+    return subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_every_worker_gets_torchruns_variables_and_a_rendezvous_of_its_own(tmp_path: Path) -> None:
+    out = tmp_path / "env"
+    out.mkdir()
+    r = launch(tmp_path, "--nnodes", "2", "--gpus-per-node", "2", "--job-name", "envs", "--",
+               "python", "-c", DUMP_ENV, str(out))
+    assert r.returncode == 0, r.stderr
+    envs = {int(p.name): json.loads(p.read_text()) for p in out.iterdir()}
+    assert sorted(envs) == [0, 1, 2, 3]
+    for rank, env in envs.items():
+        assert (env["LOCAL_RANK"], env["GROUP_RANK"]) == (str(rank % 2), str(rank // 2))
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["TORCHELASTIC_RESTART_COUNT"]) == ("4", "2", "0")
+        assert env["TORCHELASTIC_RUN_ID"] == "envs-1" and env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["MASTER_PORT"] != env["ELASTIC_STORE"].rsplit(":", 1)[1]  # not the launcher's control store
+    assert len({e["MASTER_PORT"] for e in envs.values()}) == 1
+    job = Store(f"sqlite:///{tmp_path}/e.db").find_job("envs")
+    assert (job.state, job.mode, job.layout) == ("finished", "restart", "pp1tp1dp4")
+
+
+def test_a_missing_program_is_one_line(tmp_path: Path) -> None:
+    r = launch(tmp_path, "--", "no-such-program-xyz")
+    assert r.returncode == 2 and r.stderr.strip() == "elastic-launch: error: program not found: no-such-program-xyz"
+    r = launch(tmp_path, "--", "python", "missing_train.py")
+    assert r.returncode == 2 and r.stderr.strip() == "elastic-launch: error: script not found: missing_train.py"
+
+
+def test_a_worker_that_exits_before_registering_is_named_with_code_and_log(tmp_path: Path) -> None:
+    r = launch(tmp_path, "--mode", "live", "--", "python", "-c", "import sys; print('boom'); sys.exit(3)")
+    assert r.returncode == 1
+    assert "exited before registering (exit codes {0: 3})" in r.stderr
+    log = tmp_path / "logs" / "worker-dev0.log"
+    assert f"see {log}" in r.stderr and "boom" in log.read_text()
+    assert "Traceback" not in r.stderr
+
+
+def test_a_live_program_that_never_joins_is_told_the_call(tmp_path: Path) -> None:
+    r = launch(tmp_path, "--mode", "live", "--ready-timeout", "3", "--", "python", "-c", "import time; time.sleep(20)")
+    assert r.returncode == 1 and "must call launcher.runtime.join(...)" in r.stderr
+
+
+def test_sigterm_to_the_launcher_stops_the_job_and_its_workers(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/e.db"
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    prog = ("import os, signal, sys, time; open(sys.argv[1] + '/' + str(os.getpid()), 'w').close(); "
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.launch", "--backend", "local", "--db", url,
+                             "--nnodes", "2", "--job-name", "longrun", "--poll", "0.05", "--",
+                             "python", "-c", prog, str(pids)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    assert Store(url).find_job("longrun").state == "running"
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert Store(url).find_job("longrun").state == "stopped"
+    for p in pids.iterdir():  # every worker got SIGTERM and is gone
+        assert not Path(f"/proc/{p.name}").exists()
