@@ -350,7 +350,7 @@ class Launcher:
         from migrate.topology import RankMap, Topology
 
         devices = tuple(d for n in nodes for d in self.node_devices(n))[:layout.world_size]
-        if self.opts.placement == "packed" or layout.dp < 2:
+        if self.opts.placement == "packed" or layout.dp < 2 or self.generic:  # the planner knows the GPT only
             return devices
         p = plan(self.model, RankMap(layout, devices), layout, Topology(self.topology.devices, frozenset(nodes)),
                  placement="resilient")
