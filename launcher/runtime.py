@@ -162,6 +162,7 @@ class Job:
         from torch.distributed.device_mesh import init_device_mesh
 
         rank = self.ctl.join_world(world, devices, self.device, 120.0)
+        _forget_old_meshes()
         lay = parse_layout(layout, rank, len(devices))
         lay.mesh = init_device_mesh("cpu", (lay.dp, lay.tp), mesh_dim_names=("dp", "tp"))
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(len(devices)), "ELASTIC_LAYOUT": lay.name})
@@ -261,6 +262,17 @@ class Job:
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+
+
+def _forget_old_meshes() -> None:
+    """Drop DTensor's sharding-propagation caches when a new world begins. They key on DeviceMesh
+    equality, which ignores the process groups: a new mesh shaped like one of an earlier world (tp2dp2
+    again after a grow) would get cached output specs that carry the old mesh, whose group names were
+    destroyed with its world or now name other groups of the new one (seen as "Could not resolve the
+    process group registered under the name N" on one rank, "Connection closed by peer" on the rest)."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
 
 
 # -- torch-native state in and out ----------------------------------------------------------------

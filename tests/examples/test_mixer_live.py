@@ -34,8 +34,6 @@ def _wait(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.skip(reason="live mode through launcher.runtime: the reshard world (m<e>) fails to form after the rebase "
-                         "onto main at 07:10 (passed on the branch based on 3921b9f); issue 9 follow-up")
 def test_mixer_tp_dp_migrates_live_bit_exact_on_shrink_and_grow(tmp_path: Path) -> None:
     url, log, dump = f"sqlite:///{tmp_path}/e.db", tmp_path / "steps.log", tmp_path / "dump"
     dump.mkdir()
