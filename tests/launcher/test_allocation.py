@@ -171,7 +171,9 @@ def test_heterogeneous_job_on_the_real_testbed(uneven: Testbed) -> None:
         assert slurm.allocation(job).gpus() == {"n1": 4, "n2": 4, "n3": 2}
         # a whole component goes with scancel <its id>; the job (its batch script) runs on
         slurm.cancel(comp.job_id)
-        after = slurm.allocation(job)
+        deadline = time.monotonic() + 30  # the component is listed (COMPLETING) until slurmd has ended it
+        while len((after := slurm.allocation(job)).components) > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert [c.offset for c in after.components] == [0] and after.gpus() == {"n1": 4, "n2": 4}
         assert slurm.job_info(job).state == "RUNNING"
         # growing it back: a companion job shaped like the component (partition, GPUs per node)
