@@ -44,7 +44,8 @@ exec {sys.executable} -m launcher.launch --nnodes 2:4 --gpus-per-node 2 --layout
         store = wait("the job in the database", lambda: _open(url), timeout=60)
         job = wait("job registered", lambda: store.find_job("elastic-it"), timeout=180)
         assert job.slurm_job_id == str(job_id)
-        first = store.current_rank_map(job.id)
+        # the job is registered from the first second; its rank map once the workers are placed
+        first = wait("first rank map", lambda: store.current_rank_map(job.id), timeout=180)
         assert first.layout == "pp4tp2dp1" and len({e.node for e in first.entries}) == 4
         wait("training", lambda: _log_has(tmp_path / "batch.out", "job ") and True, timeout=30)
         time.sleep(3)
