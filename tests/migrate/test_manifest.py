@@ -111,19 +111,9 @@ def _real_manifest(rank: int, port: int, q) -> None:
 
 
 def test_meta_manifest_equals_the_dtensor_state_real_processes_hold() -> None:
-    import torch.multiprocessing as mp
+    from tests.migrate.spawned import run_spawned
 
-    from migrate.localrun import free_port
-
-    ctx = mp.get_context("spawn")
-    q, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_real_manifest, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    got = run_spawned(_real_manifest, 2)
     for r in range(2):
         real = {e.fqn: e for e in Manifest.from_list(got[r]).entries}
         meta = {e.fqn: e for e in plan_manifest(meta_module(Mixer), TP_PLAN, 2, r).entries}

@@ -93,17 +93,7 @@ def _run(proc: int, port: int, q) -> None:
 
 
 def test_state_moves_bit_exact_between_real_processes_tp2_to_dp2_to_tp2() -> None:
-    import torch.multiprocessing as mp
+    from tests.migrate.spawned import run_spawned
 
-    from migrate.localrun import free_port
-
-    ctx = mp.get_context("spawn")
-    q, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_run, args=(r, port, q)) for r in range(3)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    got = run_spawned(_run, 3)
     assert got == {0: [True], 1: [True], 2: [True, True]}
