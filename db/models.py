@@ -53,6 +53,8 @@ class NodeRow(Base):
     name: Mapped[str] = mapped_column(String(200))
     state: Mapped[str] = mapped_column(String(16))
     pinned: Mapped[bool] = mapped_column(default=False)
+    gpus: Mapped[Optional[int]]  # v8: the node's GPU count (uneven nodes); NULL on older rows: the job's
+    component: Mapped[int] = mapped_column(default=0, server_default="0")  # v8: het-job component (0: plain job)
     devices: Mapped[list[DeviceRow]] = relationship(
         back_populates="node", cascade="all, delete-orphan", order_by="DeviceRow.gpu"
     )
@@ -92,6 +94,7 @@ class RankEntryRow(Base):
     pp: Mapped[int]
     dp: Mapped[int]
     tp: Mapped[int]
+    component: Mapped[int] = mapped_column(default=0, server_default="0")  # v8: het-job component of the rank
     rank_map: Mapped[RankMapRow] = relationship(back_populates="entries")
 
 

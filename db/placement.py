@@ -6,11 +6,32 @@ numbers for `start_migration(fragmentation_before=...)` and `finish_migration(..
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from db.records import RankEntry
 
-NodeInfo = tuple[str, str, bool]  # (name, state, pinned)
+
+class NodeInfo(NamedTuple):
+    """What the grid needs of a node besides its ranks. gpus 0: the job's gpus_per_node (older rows)."""
+
+    name: str
+    state: str
+    pinned: bool
+    gpus: int = 0
+    component: int = 0
+
+
+def _infos(nodes: Sequence[tuple], entries: Sequence[RankEntry]) -> list[NodeInfo]:
+    """The nodes in order, then nodes only the rank map names (they take their ranks' component)."""
+    known = [NodeInfo(*n) for n in nodes]
+    names = {n.name for n in known}
+    comp = {e.node: e.component for e in entries}
+    return known + [NodeInfo(n, "active", False, 0, comp[n]) for n in sorted(set(comp) - names)]
+
+
+def _width(node: NodeInfo, gpus_per_node: int, entries: Sequence[RankEntry]) -> int:
+    """GPUs drawn for `node`: its own count (uneven nodes), never fewer than its ranks need."""
+    return max([node.gpus or gpus_per_node] + [e.gpu + 1 for e in entries if e.node == node.name])
 
 
 def tp_groups(entries: Iterable[RankEntry]) -> dict[tuple[int, int], list[RankEntry]]:
@@ -39,16 +60,14 @@ def fragmentation(
     used: dict[str, int] = defaultdict(int)
     for e in entries:
         used[e.node] += 1
-    names = [n for n, _, _ in nodes] + sorted(set(used) - {n for n, _, _ in nodes})
-    info = {n: (s, p) for n, s, p in nodes}
     rows: list[dict[str, Any]] = []
-    for name in names:
-        state, pinned = info.get(name, ("active", False))
+    for node in _infos(nodes, entries):
+        name, state, pinned = node.name, node.state, node.pinned
         if state in ("released", "failed") and not used[name]:
             continue
         occupied = used[name]
         other = sum(1 for (n, _g) in (others or {}) if n == name)
-        idle = max(gpus_per_node - occupied - other, 0)
+        idle = max((node.gpus or gpus_per_node) - occupied - other, 0)
         releasable = occupied == 0 and not pinned
         reason = "pinned" if pinned else ("in use" if occupied else "")
         rows.append({"node": name, "occupied": occupied, "other": other, "idle": idle, "pinned": pinned,
@@ -74,7 +93,8 @@ def grid(
     others: Mapping[tuple[str, int], str],
     failed: Iterable[tuple[str, int]] = (),
 ) -> list[dict[str, Any]]:
-    """Rows of cells (one per node x GPU) saying what occupies each device.
+    """Rows of cells (one per GPU the node has: uneven nodes give rows of different lengths) saying
+    what occupies each device, with the node's heterogeneous-job component.
 
     Cell kinds: rank (this job; with pp/dp/tp and its TP group), other (another job's rank),
     failed, idle. TP groups are numbered so the template can outline each with one colour.
@@ -84,14 +104,11 @@ def grid(
     group_index = {key: i for i, key in enumerate(groups)}
     group_spans = {key: len({e.node for e in g}) > 1 for key, g in groups.items()}
     failed_set = set(failed)
-    names = [n for n, _, _ in nodes] + sorted({e.node for e in entries} - {n for n, _, _ in nodes})
-    info = {n: (s, p) for n, s, p in nodes}
-    width = max([gpus_per_node] + [e.gpu + 1 for e in entries])
     rows = []
-    for name in names:
-        state, pinned = info.get(name, ("active", False))
+    for node in _infos(nodes, entries):
+        name, state = node.name, node.state
         cells: list[dict[str, Any]] = []
-        for gpu in range(width):
+        for gpu in range(_width(node, gpus_per_node, entries)):
             e = by_device.get((name, gpu))
             if e is not None:
                 key = (e.pp, e.dp)
@@ -103,5 +120,6 @@ def grid(
                 cells.append({"gpu": gpu, "kind": "failed"})
             else:
                 cells.append({"gpu": gpu, "kind": "idle"})
-        rows.append({"name": name, "state": state, "pinned": pinned, "cells": cells})
+        rows.append({"name": name, "state": state, "pinned": node.pinned, "component": node.component,
+                     "cells": cells})
     return rows

@@ -43,11 +43,14 @@ class Node:
     state: str
     pinned: bool
     devices: dict[int, str] = field(default_factory=dict)  # gpu index -> used/idle/failed
+    gpus: int = 0  # the node's GPU count (nodes may differ); 0: unknown (the job's gpus_per_node)
+    component: int = 0  # the heterogeneous job's component the node belongs to (0: a plain job)
 
 
 @dataclass(frozen=True)
 class RankEntry:
-    """Where one virtual rank runs, and its coordinates in the PP x DP x TP grid."""
+    """Where one virtual rank runs (node, GPU, and the heterogeneous job's component: 0 for a plain
+    job), and its coordinates in the PP x DP x TP grid."""
 
     virtual_rank: int
     node: str
@@ -55,6 +58,7 @@ class RankEntry:
     pp: int
     dp: int
     tp: int
+    component: int = 0
 
 
 @dataclass(frozen=True)

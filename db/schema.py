@@ -222,8 +222,16 @@ def _v6_to_v7(conn: Connection) -> None:
     md.create_all(conn, tables=[md.tables["job_steps"], md.tables["cluster_samples"]])
 
 
+def _v7_to_v8(conn: Connection) -> None:
+    """v8: heterogeneous jobs and uneven nodes: the het-job component of every rank (rank_map_entries)
+    and of every node, and each node's GPU count (NULL on older rows: the job's gpus_per_node)."""
+    conn.execute(text("ALTER TABLE rank_map_entries ADD COLUMN component INTEGER NOT NULL DEFAULT 0"))
+    conn.execute(text("ALTER TABLE nodes ADD COLUMN gpus INTEGER"))
+    conn.execute(text("ALTER TABLE nodes ADD COLUMN component INTEGER NOT NULL DEFAULT 0"))
+
+
 #: MIGRATIONS[i] upgrades a database from version i+1 to version i+2.
-MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6, _v6_to_v7]
+MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6, _v6_to_v7, _v7_to_v8]
 CURRENT_VERSION = len(MIGRATIONS) + 1
 
 

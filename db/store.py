@@ -15,6 +15,7 @@ from db import placement as placement_mod
 from db.base import Clock, StoreBase, from_db, to_db
 from db.errors import NotFoundError
 from db.models import DeviceRow, JobRow, MigrationPhaseRow, MigrationRow, NodeRow, RankEntryRow, RankMapRow
+from db.placement import NodeInfo
 from db.records import Job, Migration, Node, RankEntry, RankMap
 from db.sla import gpu_fraction
 from db.store_admin import AdminMixin
@@ -54,14 +55,23 @@ def _entry(value: RankEntry | Mapping[str, Any]) -> RankEntry:
     if isinstance(value, RankEntry):
         return value
     return RankEntry(**{k: (str(value[k]) if k == "node" else int(value[k]))
-                        for k in ("virtual_rank", "node", "gpu", "pp", "dp", "tp")})
+                        for k in ("virtual_rank", "node", "gpu", "pp", "dp", "tp")},
+                     component=int(value.get("component", 0)))
+
+
+def _check_shape(node: str, gpus: int | None, component: int | None) -> None:
+    if gpus is not None and (not isinstance(gpus, int) or gpus < 1):
+        raise ValueError(f"node {node}: a GPU count must be a positive number, got {gpus!r}")
+    if component is not None and (not isinstance(component, int) or component < 0):
+        raise ValueError(f"node {node}: a heterogeneous-job component is a number from 0, got {component!r}")
 
 
 def _rank_map(row: RankMapRow) -> RankMap:
     return RankMap(
         job_id=row.job_id, epoch=row.epoch, layout=row.layout, started_at=from_db(row.started_at),  # type: ignore[arg-type]
         ended_at=from_db(row.ended_at),
-        entries=tuple(RankEntry(e.virtual_rank, e.node, e.gpu, e.pp, e.dp, e.tp) for e in row.entries),
+        entries=tuple(RankEntry(e.virtual_rank, e.node, e.gpu, e.pp, e.dp, e.tp, e.component or 0)
+                      for e in row.entries),
     )
 
 
@@ -125,10 +135,14 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         nodes: Sequence[str] = (),
         min_nodes: int = 1,
         mode: str = "live",
+        node_gpus: Mapping[str, int] | None = None,
+        components: Mapping[str, int] | None = None,
     ) -> int:
         """Register a job (and its nodes; the pinned node is marked pinned); returns its id.
         min_nodes: the launcher's --nnodes MIN, below which no admin request may take the job;
-        mode: live (the program uses the runtime API) or restart (torchrun's contract)."""
+        mode: live (the program uses the runtime API) or restart (torchrun's contract);
+        node_gpus / components: each node's GPU count (uneven nodes; default gpus_per_node) and
+        heterogeneous-job component (default 0)."""
         check("job state", state, JOB_STATES)
         check("job mode", mode, JOB_MODES)
         check("SLA tier", sla_tier, SLA_TIERS)
@@ -144,13 +158,16 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
             s.flush()
             names = list(dict.fromkeys([*nodes, *([pinned_node] if pinned_node else [])]))
             for n in names:
-                s.add(self._new_node(job, n, "active", n == pinned_node))
+                s.add(self._new_node(job, n, "active", n == pinned_node, (node_gpus or {}).get(n),
+                                     (components or {}).get(n, 0)))
             return job.id
 
     @staticmethod
-    def _new_node(job: JobRow, name: str, state: str, pinned: bool) -> NodeRow:
-        node = NodeRow(job_id=job.id, name=name, state=state, pinned=pinned)
-        node.devices = [DeviceRow(gpu=g, state="idle") for g in range(job.gpus_per_node)]
+    def _new_node(job: JobRow, name: str, state: str, pinned: bool, gpus: int | None = None,
+                  component: int = 0) -> NodeRow:
+        _check_shape(name, gpus, component)
+        node = NodeRow(job_id=job.id, name=name, state=state, pinned=pinned, gpus=gpus, component=component)
+        node.devices = [DeviceRow(gpu=g, state="idle") for g in range(gpus or job.gpus_per_node)]
         return node
 
     def _job_row(self, s: Session, job_id: int) -> JobRow:
@@ -234,18 +251,30 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
             row.updated_at = self.now()
 
     # ---------------------------------------------------------------- nodes
-    def set_node_state(self, job_id: int, node: str, state: str, *, pinned: bool | None = None) -> None:
-        """Set a node's state (creating the node row if new); failed nodes fail their devices."""
+    def set_node_state(self, job_id: int, node: str, state: str, *, pinned: bool | None = None,
+                       gpus: int | None = None, component: int | None = None) -> None:
+        """Set a node's state (creating the node row if new); failed nodes fail their devices.
+        gpus / component (None = keep): the node's GPU count and heterogeneous-job component, e.g. for
+        a node a grow acquired."""
         check("node state", state, NODE_STATES)
+        _check_shape(node, gpus, component)
         with self._tx() as s:
             job = self._job_row(s, job_id)
             row = s.scalars(select(NodeRow).where(NodeRow.job_id == job_id, NodeRow.name == node)).first()
             if row is None:
-                row = self._new_node(job, node, state, bool(pinned))
+                row = self._new_node(job, node, state, bool(pinned), gpus, component or 0)
                 s.add(row)
             row.state = state
             if pinned is not None:
                 row.pinned = pinned
+            if component is not None:
+                row.component = component
+            if gpus is not None and gpus != row.gpus:
+                row.gpus = gpus
+                have = {d.gpu for d in row.devices}
+                row.devices.extend(DeviceRow(gpu=g, state="idle") for g in range(gpus) if g not in have)
+                for d in [d for d in row.devices if d.gpu >= gpus and d.state == "idle"]:
+                    row.devices.remove(d)
             if state == "failed":
                 for d in row.devices:
                     d.state = "failed"
@@ -255,7 +284,8 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         with self._tx() as s:
             rows = s.scalars(select(NodeRow).where(NodeRow.job_id == job_id).order_by(NodeRow.id)
                              .options(selectinload(NodeRow.devices)))
-            return [Node(r.job_id, r.name, r.state, r.pinned, {d.gpu: d.state for d in r.devices}) for r in rows]
+            return [Node(r.job_id, r.name, r.state, r.pinned, {d.gpu: d.state for d in r.devices},
+                         r.gpus or len(r.devices), r.component or 0) for r in rows]
 
     # ------------------------------------------------------------ rank maps
     def record_rank_map(
@@ -268,6 +298,10 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
             raise ValueError("rank map places two ranks on one device")
         if len({e.virtual_rank for e in items}) != len(items):
             raise ValueError("rank map repeats a virtual rank")
+        if any(e.component < 0 for e in items):
+            raise ValueError("a heterogeneous-job component is a number from 0")
+        if len({(e.node, e.component) for e in items}) != len({e.node for e in items}):
+            raise ValueError("rank map puts one node in two components")
         now = self.now()
         with self._tx() as s:
             job = self._job_row(s, job_id)
@@ -278,7 +312,8 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
                 prev.ended_at = now
             rm = RankMapRow(job_id=job_id, epoch=epoch, layout=layout, started_at=now, ended_at=None)
             rm.entries = [RankEntryRow(virtual_rank=e.virtual_rank, node=e.node, gpu=e.gpu, pp=e.pp,
-                                       dp=e.dp, tp=e.tp) for e in sorted(items, key=lambda e: e.virtual_rank)]
+                                       dp=e.dp, tp=e.tp, component=e.component)
+                          for e in sorted(items, key=lambda e: e.virtual_rank)]
             s.add(rm)
             job.layout, job.updated_at = layout, now
             self._sync_devices(s, job, items)
@@ -287,9 +322,12 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         used = {(e.node, e.gpu) for e in items}
         nodes = {n.name: n for n in s.scalars(select(NodeRow).where(NodeRow.job_id == job.id)
                                                .options(selectinload(NodeRow.devices)))}
-        for name in sorted({e.node for e in items} - set(nodes)):
-            nodes[name] = self._new_node(job, name, "active", name == job.pinned_node)
+        component = {e.node: e.component for e in items}
+        for name in sorted(set(component) - set(nodes)):
+            nodes[name] = self._new_node(job, name, "active", name == job.pinned_node, component=component[name])
             s.add(nodes[name])
+        for name, comp in component.items():
+            nodes[name].component = comp  # a node's ranks say which component it belongs to
         for name, node in nodes.items():
             have = {d.gpu: d for d in node.devices}
             for gpu in {g for n, g in used if n == name} - set(have):
@@ -339,7 +377,7 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         entries = current.entries if current else ()
         names = {n.name for n in nodes} | {e.node for e in entries}
         others = self._others_on(job_id, names)
-        infos = [(n.name, n.state, n.pinned) for n in nodes]
+        infos = [NodeInfo(n.name, n.state, n.pinned, n.gpus, n.component) for n in nodes]
         failed = [(n.name, g) for n in nodes for g, st in n.devices.items() if st == "failed"]
         return {
             "job": job,

@@ -103,8 +103,19 @@ class Launcher:
         for r, d in enumerate(rank_map.devices):
             pp, dp, tp = rank_map.layout.coords(r)
             dev = self.topology.devices[d]
-            out.append({"virtual_rank": r, "node": dev.node, "gpu": dev.gpu, "pp": pp, "dp": dp, "tp": tp})
+            out.append({"virtual_rank": r, "node": dev.node, "gpu": dev.gpu, "pp": pp, "dp": dp, "tp": tp,
+                        "component": self.backend.component_of(dev.node)})
         return out
+
+    def node_shape(self, node: str) -> dict[str, int]:
+        """What the database records of a node besides its state: its GPU count and het-job component."""
+        return {"gpus": len(self.topology.node_devices(node)), "component": self.backend.component_of(node)}
+
+    def node_shapes(self, nodes: Sequence[str]) -> dict[str, dict[str, int]]:
+        """`create_job`'s node_gpus and components for `nodes`."""
+        shapes = {n: self.node_shape(n) for n in nodes}
+        return {"node_gpus": {n: s["gpus"] for n, s in shapes.items()},
+                "components": {n: s["component"] for n, s in shapes.items()}}
 
     def choose(self, devices: int):
         if self.generic:
@@ -288,7 +299,7 @@ class Launcher:
         self.job_id = self.db.create_job(self.opts.job_name, f"pp1tp1dp{len(nodes) * self.gpn}", self.gpn,
                                          self.opts.max_nodes * self.gpn, slurm_job_id=self.slurm_job_id,
                                          pinned_node=self.backend.batch_node, nodes=nodes, mode="restart",
-                                         min_nodes=self.opts.min_nodes)
+                                         min_nodes=self.opts.min_nodes, **self.node_shapes(nodes))
         self.restarts, self.deciding = RestartMode(self), deciding
         self.restarts.start_world(nodes)
         self.db.record_rank_map(self.job_id, 0, str(self.current.layout), self.entries(self.current))
@@ -331,7 +342,7 @@ class Launcher:
                                              self.devices_on(nodes) + (self.opts.max_nodes - len(nodes)) * self.gpn,
                                              slurm_job_id=self.slurm_job_id,
                                              pinned_node=self.backend.batch_node, nodes=nodes,
-                                             min_nodes=self.opts.min_nodes)
+                                             min_nodes=self.opts.min_nodes, **self.node_shapes(nodes))
         else:  # the same job goes on: its history, requests and epochs continue
             self.job_id = job.id
             continue_job(self, job, nodes)
@@ -433,7 +444,8 @@ class Launcher:
                 self.index[x] = len(self.alloc)
                 self.alloc.append(x)
         for x in got.nodes:
-            self.db.set_node_state(self.job_id, x, "idle")  # held again (a released name may come back)
+            # held again (a released name may come back)
+            self.db.set_node_state(self.job_id, x, "idle", **self.node_shape(x))
         return got
 
     def preempt(self, nodes: list[str], trigger: str) -> Outcome:

@@ -51,7 +51,7 @@ def continue_job(la: "Launcher", job, nodes: list[str]) -> None:
         if n.name not in nodes and n.state in ("active", "idle"):
             la.db.set_node_state(job.id, n.name, "released", pinned=False)
     for n in nodes:
-        la.db.set_node_state(job.id, n, "active", pinned=n == la.backend.batch_node)
+        la.db.set_node_state(job.id, n, "active", pinned=n == la.backend.batch_node, **la.node_shape(n))
     la.db.set_job_state(job.id, "running")
 
 

@@ -139,6 +139,10 @@ class NodeBackend(Protocol):
     def gpus_on(self, node: str) -> int:
         """GPUs (workers) of `node`; nodes may differ (uneven nodes)."""
 
+    def component_of(self, node: str) -> int:
+        """The heterogeneous job's component `node` belongs to (Slurm's het-job offset, what
+        `srun --het-group` takes); 0 for a plain job and the local backend. Recorded with every rank."""
+
     def describe(self) -> str:
         """One line for logs and the dry run."""
 

@@ -34,6 +34,9 @@ class LocalNodes:
     def gpus_on(self, node: str) -> int:
         return self.sizes[self.names.index(node)]
 
+    def component_of(self, node: str) -> int:
+        return 0  # simulated nodes form one plain job
+
     def allocation(self) -> list[str]:
         return list(self.names)
 

@@ -55,6 +55,11 @@ class SlurmNodes:
         """GPUs of `node` the workers use: --gpus-per-node on every node (uneven Slurm nodes: not yet)."""
         return self.gpus_per_node
 
+    def component_of(self, node: str) -> int:
+        """The het-job component of `node` (0: a plain job; a heterogeneous allocation, read by
+        launcher.allocation, numbers its components by HetJobOffset)."""
+        return 0
+
     def allocation(self) -> list[str]:
         nodes = list(self.info.nodes)
         if self.info.batch_host in nodes:  # the batch node first: it is pinned and always used

@@ -61,3 +61,30 @@ def seed_demo(store: Store, clock: FakeClock | None = None) -> dict[str, int]:
 def spread_llama(store: Store, llama: int = 1) -> None:
     """Give seed_demo's llama two nodes again (n1, n3: epoch 2), so a preempt can leave it one."""
     store.record_rank_map(llama, 2, "pp2tp2dp2", layout_entries(2, 2, 2, ["n1", "n3"], 4))
+
+
+#: Uneven nodes of a heterogeneous job: (name, GPUs, het-job component), the 4,4,2,2 testbed shape.
+HET_NODES = (("a1", 4, 0), ("a2", 4, 0), ("b1", 2, 1), ("b2", 2, 1))
+
+
+def uneven_entries(pp: int, tp: int, dp: int, nodes=HET_NODES) -> list[RankEntry]:
+    """Ranks ordered tp fastest, then dp, then pp, packed onto `nodes` ((name, gpus, component)) in order."""
+    slots = [(name, gpu, comp) for name, gpus, comp in nodes for gpu in range(gpus)]
+    out = []
+    for rank in range(pp * tp * dp):
+        p, rest = divmod(rank, dp * tp)
+        d, t = divmod(rest, tp)
+        name, gpu, comp = slots[rank]
+        out.append(RankEntry(rank, name, gpu, p, d, t, comp))
+    return out
+
+
+def seed_hetjob(store: Store, nodes=HET_NODES, layout: tuple[int, int, int] = (2, 2, 3)) -> int:
+    """A running heterogeneous job on uneven nodes (default: 2 x 4-GPU nodes in component 0, 2 x 2-GPU
+    in component 1) with pp2tp2dp3 packed on them, recorded through the Store like the launcher does."""
+    pp, tp, dp = layout
+    job = store.create_job("het", f"pp{pp}tp{tp}dp{dp}", max(g for _, g, _ in nodes), sum(g for _, g, _ in nodes),
+                           pinned_node=nodes[0][0], nodes=[n for n, _, _ in nodes],
+                           node_gpus={n: g for n, g, _ in nodes}, components={n: c for n, _, c in nodes})
+    store.record_rank_map(job, 0, f"pp{pp}tp{tp}dp{dp}", uneven_entries(pp, tp, dp, nodes))
+    return job

@@ -212,3 +212,29 @@ def test_upgrade_from_v6_adds_launch_spec_steps_and_cluster_samples(tmp_path: Pa
     fresh = tmp_path / "fresh.db"
     Store(f"sqlite:///{fresh}").close()
     assert _columns(old) == _columns(fresh)
+
+
+def test_upgrade_from_v7_adds_components_and_node_sizes(tmp_path: Path) -> None:
+    """Rows written before v8 read as component 0, and a node's size as the devices it was given."""
+    old = _database_at(tmp_path, 7)
+    assert "component" not in _columns(old)["rank_map_entries"] and "gpus" not in _columns(old)["nodes"]
+    con = sqlite3.connect(old)
+    con.execute("INSERT INTO jobs (id, name, state, layout, gpus_per_node, max_devices, created_at, updated_at)"
+                " VALUES (1, 'legacy', 'running', 'pp1tp1dp2', 2, 2, '2024-01-01', '2024-01-01')")
+    con.execute("INSERT INTO nodes (id, job_id, name, state, pinned) VALUES (1, 1, 'n1', 'active', 1)")
+    con.executemany("INSERT INTO devices (node_id, gpu, state) VALUES (1, ?, 'used')", [(0,), (1,)])
+    con.execute("INSERT INTO rank_maps (id, job_id, epoch, layout, started_at) VALUES (1, 1, 0, 'pp1tp1dp2', '2024-01-01')")
+    con.executemany("INSERT INTO rank_map_entries (rank_map_id, virtual_rank, node, gpu, pp, dp, tp)"
+                    " VALUES (1, ?, 'n1', ?, 0, ?, 0)", [(0, 0, 0), (1, 1, 1)])
+    con.commit()
+    con.close()
+    store = Store(f"sqlite:///{old}")
+    assert (store.schema_found, store.schema_version) == (7, CURRENT_VERSION) and CURRENT_VERSION >= 8
+    assert [e.component for e in store.current_rank_map(1).entries] == [0, 0]  # type: ignore[union-attr]
+    assert [(n.gpus, n.component) for n in store.list_nodes(1)] == [(2, 0)]
+    store.set_node_state(1, "b1", "idle", gpus=4, component=1)
+    assert [(n.name, n.gpus, n.component) for n in store.list_nodes(1)] == [("n1", 2, 0), ("b1", 4, 1)]
+    store.close()
+    fresh = tmp_path / "fresh.db"
+    Store(f"sqlite:///{fresh}").close()
+    assert _columns(old) == _columns(fresh)

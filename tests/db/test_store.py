@@ -7,7 +7,7 @@ import pytest
 
 from db import Store
 from db.errors import NotFoundError
-from tests.db.seed import T0, FakeClock, layout_entries, seed_demo
+from tests.db.seed import T0, FakeClock, layout_entries, seed_demo, seed_hetjob
 
 
 def test_job_lifecycle(store: Store, clock: FakeClock) -> None:
@@ -148,3 +148,44 @@ def test_update_job(store: Store) -> None:
     assert job is not None and job.slurm_job_id == "4242" and job.sla_tier == "premium" and job.max_devices == 1
     with pytest.raises(NotFoundError):
         store.update_job(999, slurm_job_id="1")
+
+
+def test_heterogeneous_job_on_uneven_nodes_round_trip(store: Store) -> None:
+    """Rank maps keep each rank's component; nodes keep their GPU count and component; the grid draws
+    one cell per GPU a node has and counts idle GPUs by the node's own size."""
+    jid = seed_hetjob(store, layout=(1, 2, 5))  # 10 ranks on 4+4+2+2 GPUs: b2 stays idle
+    ranks = store.current_rank_map(jid).entries  # type: ignore[union-attr]
+    assert [(e.node, e.component) for e in ranks] == [("a1", 0)] * 4 + [("a2", 0)] * 4 + [("b1", 1)] * 2
+    nodes = {n.name: (n.gpus, n.component, len(n.devices)) for n in store.list_nodes(jid)}
+    assert nodes == {"a1": (4, 0, 4), "a2": (4, 0, 4), "b1": (2, 1, 2), "b2": (2, 1, 2)}
+    p = store.placement(jid)
+    assert [(r["name"], len(r["cells"]), r["component"]) for r in p["grid"]] == [
+        ("a1", 4, 0), ("a2", 4, 0), ("b1", 2, 1), ("b2", 2, 1)]
+    assert {r["node"]: r["idle"] for r in p["fragmentation"]["nodes"]} == {"a1": 0, "a2": 0, "b1": 0, "b2": 2}
+    assert p["fragmentation"]["idle_devices"] == 2
+    # the next epoch keeps the components (dict rows as the launcher writes them)
+    store.record_rank_map(jid, 1, "pp1tp2dp4", [{**e.__dict__} for e in ranks[:8]])
+    assert {e.component for e in store.current_rank_map(jid).entries} == {0}  # type: ignore[union-attr]
+
+
+def test_bad_components_and_node_sizes_are_refused(store: Store) -> None:
+    jid = store.create_job("het", "pp1tp1dp2", 2, 4, nodes=["n1"])
+    two = [dict(virtual_rank=i, node="n1", gpu=i, pp=0, dp=i, tp=0, component=i) for i in (0, 1)]
+    with pytest.raises(ValueError, match="one node in two components"):
+        store.record_rank_map(jid, 0, "pp1tp1dp2", two)
+    with pytest.raises(ValueError, match="component is a number from 0"):
+        store.record_rank_map(jid, 0, "pp1tp1dp1", [dict(virtual_rank=0, node="n1", gpu=0, pp=0, dp=0, tp=0,
+                                                         component=-1)])
+    with pytest.raises(ValueError, match="GPU count must be a positive number"):
+        store.set_node_state(jid, "n2", "idle", gpus=0)
+    with pytest.raises(ValueError, match="n3: a heterogeneous-job component"):
+        store.create_job("x", "pp1tp1dp1", 2, 2, nodes=["n3"], components={"n3": -2})
+
+
+def test_node_size_learnt_later_resizes_its_devices(store: Store) -> None:
+    """A node a grow acquired is recorded with its own GPU count and component (set_node_state)."""
+    jid = store.create_job("het", "pp1tp1dp4", 4, 8, nodes=["a1"])
+    store.set_node_state(jid, "b1", "idle", gpus=2, component=1)
+    store.set_node_state(jid, "a1", "active", gpus=2)
+    nodes = {n.name: (n.gpus, n.component, sorted(n.devices)) for n in store.list_nodes(jid)}
+    assert nodes == {"a1": (2, 0, [0, 1]), "b1": (2, 1, [0, 1])}

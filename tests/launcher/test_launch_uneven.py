@@ -63,6 +63,9 @@ def test_shrink_off_the_small_node_and_grow_back_bit_exact(tmp_path) -> None:
     assert [sorted((e.node, e.gpu) for e in m.entries) for m in maps] == [
         [("node0", 0), ("node0", 1), ("node1", 0)], [("node0", 0), ("node0", 1)],
         [("node0", 0), ("node0", 1), ("node1", 0)]]
+    assert {e.component for m in maps for e in m.entries} == {0}  # the local backend is one plain job
+    assert {n.name: (n.gpus, n.component) for n in store.list_nodes(job.id)} == {"node0": (2, 0), "node1": (1, 0)}
+    assert [len(r["cells"]) for r in store.placement(job.id)["grid"]] == [2, 1]  # one cell per GPU a node has
     migs = store.recent_migrations(job.id, limit=10)
     assert len(migs) == 2 and all(m.status == "succeeded" and m.bit_exact is True and m.bytes_moved > 0 for m in migs)
     assert store.launch_spec(job.id)["layouts"] == {"2": "pp2tp1dp1", "3": "pp3tp1dp1"}
