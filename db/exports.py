@@ -1,4 +1,5 @@
-"""History exports shared by `elastic history --csv` and the dashboard's /history?format=csv.
+"""History exports shared by `elastic history` (--csv, --json, --rank-maps) and the dashboard's
+/history?format=csv and /jobs/<id>/rank-maps.
 
 Spreadsheets run a cell that starts with = + - @ (or a tab/CR that hides one) as a formula, so a
 job name like `=HYPERLINK(...)` must not reach a CSV as it is: such text cells get a leading
@@ -10,6 +11,18 @@ import csv
 from typing import Any, Iterable, Mapping, TextIO
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
+
+#: One row per rank and epoch: where each rank ran (het-job component, node, GPU) and its coordinates.
+RANK_MAP_COLUMNS = ("job_id", "epoch", "layout", "started_at", "ended_at", "virtual_rank", "component", "node",
+                    "gpu", "pp", "dp", "tp")
+
+
+def rank_map_rows(maps: Iterable[Any]) -> list[dict[str, Any]]:
+    """db.records.RankMap epochs -> flat JSON/CSV-ready rows (RANK_MAP_COLUMNS), epoch then rank order."""
+    return [{"job_id": m.job_id, "epoch": m.epoch, "layout": m.layout, "started_at": m.started_at.isoformat(),
+             "ended_at": m.ended_at.isoformat() if m.ended_at else None, "virtual_rank": e.virtual_rank,
+             "component": e.component, "node": e.node, "gpu": e.gpu, "pp": e.pp, "dp": e.dp, "tp": e.tp}
+            for m in maps for e in sorted(m.entries, key=lambda e: e.virtual_rank)]
 
 
 def csv_cell(value: Any) -> Any:

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trigger", help="resize, preempt, signal, failure, dashboard or demo")
     parser.add_argument("--limit", default="50", help="rows to show (1..1000, default 50)")
     parser.add_argument("--offset", default="0", help="rows to skip (default 0)")
+    parser.add_argument("--rank-maps", action="store_true",
+                        help="with --job: where every rank ran in each epoch (het-job component, node, GPU, "
+                             "pp/dp/tp) instead of the migrations")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print a JSON array")
     fmt.add_argument("--csv", action="store_true", help="print CSV with a header row")
@@ -55,6 +58,48 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *body])
 
 
+def _rank_map_table(rows: list[dict[str, Any]]) -> str:
+    """One block per epoch: its layout and time, then each rank's place (component shown for het jobs)."""
+    het = any(r["component"] for r in rows)
+    out: list[str] = []
+    for r in rows:
+        if r["virtual_rank"] == 0 or not out:
+            ended = (r["ended_at"] or "now")[:19].replace("T", " ")
+            out += [f"epoch {r['epoch']}  {r['layout']}  {r['started_at'][:19].replace('T', ' ')} -> {ended}"]
+        where = (f"component {r['component']}  " if het else "") + f"{r['node']} GPU {r['gpu']}"
+        out.append(f"  rank {r['virtual_rank']:<4} {where}  pp{r['pp']} dp{r['dp']} tp{r['tp']}")
+    return "\n".join(out)
+
+
+def _rank_maps(args: argparse.Namespace) -> int:
+    """`elastic history --rank-maps --job J`: the job's rank maps, every epoch, as a table, JSON or CSV."""
+    import json
+
+    from db.exports import RANK_MAP_COLUMNS, rank_map_rows, write_csv
+    from launcher.cli import UsageError
+
+    if not args.job:
+        raise UsageError("--rank-maps needs --job (a job id or name)")
+    store = open_store(args.db, readonly=True)
+    try:
+        job = store.find_job(args.job)
+        if job is None:
+            raise UsageError(f"no job {args.job!r} in the database")
+        rows = rank_map_rows(store.rank_maps(job.id))
+    finally:
+        store.close()
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+    elif args.csv:
+        write_csv(rows, RANK_MAP_COLUMNS, sys.stdout)
+    elif rows:
+        print(_rank_map_table(rows))
+    else:
+        print(f"job {job.name} has no rank map yet", file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
@@ -63,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     from db.store import HISTORY_COLUMNS
     from launcher.cli import UsageError
 
+    if args.rank_maps:
+        return _rank_maps(args)
     try:
         filters = parse_history_filters(vars(args))
         limit = parse_int("--limit", args.limit, 1, MAX_LIMIT)

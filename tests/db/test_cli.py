@@ -11,7 +11,8 @@ import pytest
 
 from db import Store
 from launcher.cli import main
-from tests.db.seed import spread_llama
+from db.exports import RANK_MAP_COLUMNS
+from tests.db.seed import seed_hetjob, spread_llama
 
 
 def test_history_table_json_csv(url: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,3 +102,36 @@ def test_dashboard_refuses_to_serve_without_secret(url: str, monkeypatch: pytest
     assert main(["dashboard", "--db", url]) == 2
     assert "ELASTIC_SECRET_KEY" in capsys.readouterr().err
     assert "ELASTIC_SECRET_KEY" not in os.environ
+
+
+def test_history_rank_maps_say_component_node_and_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`elastic history --rank-maps --job J`: every rank of every epoch with its het-job component."""
+    url = f"sqlite:///{tmp_path / 'het.db'}"
+    store = Store(url)
+    job = seed_hetjob(store)  # pp2tp2dp3 packed on a1, a2 (4 GPUs, component 0), b1, b2 (2 GPUs, component 1)
+    store.record_rank_map(job, 1, "pp1tp2dp2", [dict(virtual_rank=i, node="b1" if i < 2 else "b2", gpu=i % 2, pp=0,
+                                                     dp=i // 2, tp=i % 2, component=1) for i in range(4)])
+    store.close()
+    assert main(["history", "--db", url, "--rank-maps", "--job", "het", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 12 + 4 and set(rows[0]) == set(RANK_MAP_COLUMNS)
+    first = [(r["virtual_rank"], r["component"], r["node"], r["gpu"]) for r in rows if r["epoch"] == 0]
+    assert first == [(i, 0, "a1", i) for i in range(4)] + [(4 + i, 0, "a2", i) for i in range(4)] + [
+        (8, 1, "b1", 0), (9, 1, "b1", 1), (10, 1, "b2", 0), (11, 1, "b2", 1)]
+    assert {(r["component"], r["node"]) for r in rows if r["epoch"] == 1} == {(1, "b1"), (1, "b2")}
+    assert main(["history", "--db", url, "--rank-maps", "--job", "het", "--csv"]) == 0
+    csv_rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["node"], r["component"]) for r in csv_rows][8:12] == [("b1", "1"), ("b1", "1"), ("b2", "1"), ("b2", "1")]
+    assert main(["history", "--db", url, "--rank-maps", "--job", "het"]) == 0
+    table = capsys.readouterr().out
+    assert "epoch 0  pp2tp2dp3" in table and "rank 11   component 1  b2 GPU 1  pp1 dp2 tp1" in table
+    assert main(["history", "--db", url, "--rank-maps"]) == 2
+    assert "--rank-maps needs --job" in capsys.readouterr().err
+    assert main(["history", "--db", url, "--rank-maps", "--job", "nope"]) == 2
+    assert "no job 'nope'" in capsys.readouterr().err
+
+
+def test_history_rank_maps_of_a_plain_job_name_no_component(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["history", "--db", url, "--rank-maps", "--job", "llama"]) == 0
+    table = capsys.readouterr().out
+    assert "epoch 1  pp2tp2dp1" in table and "rank 3    n1 GPU 3  pp1 dp0 tp1" in table and "component" not in table
