@@ -73,9 +73,7 @@ def _rank_map_table(rows: list[dict[str, Any]]) -> str:
 
 def _rank_maps(args: argparse.Namespace) -> int:
     """`elastic history --rank-maps --job J`: the job's rank maps, every epoch, as a table, JSON or CSV."""
-    import json
-
-    from db.exports import RANK_MAP_COLUMNS, rank_map_rows, write_csv
+    from db.exports import RANK_MAP_COLUMNS, rank_map_rows
     from launcher.cli import UsageError
 
     if not args.job:
@@ -88,22 +86,10 @@ def _rank_maps(args: argparse.Namespace) -> int:
         rows = rank_map_rows(store.rank_maps(job.id))
     finally:
         store.close()
-    if args.json:
-        json.dump(rows, sys.stdout, indent=2)
-        print()
-    elif args.csv:
-        write_csv(rows, RANK_MAP_COLUMNS, sys.stdout)
-    elif rows:
-        print(_rank_map_table(rows))
-    else:
-        print(f"job {job.name} has no rank map yet", file=sys.stderr)
-    return 0
+    return _print(args, rows, RANK_MAP_COLUMNS, _rank_map_table, f"job {job.name} has no rank map yet")
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
-    from db.exports import write_csv
     from db.filters import MAX_LIMIT, parse_history_filters, parse_int
     from db.store import HISTORY_COLUMNS
     from launcher.cli import UsageError
@@ -121,13 +107,22 @@ def run(args: argparse.Namespace) -> int:
         rows = store.history(**filters.as_kwargs(), limit=limit, offset=offset)
     finally:
         store.close()
+    return _print(args, rows, HISTORY_COLUMNS, _table, "no migrations match")
+
+
+def _print(args: argparse.Namespace, rows: list[dict[str, Any]], columns, table, empty: str) -> int:
+    """Rows as JSON (--json), CSV (--csv) or the table; `empty` on stderr when there are none."""
+    import json
+
+    from db.exports import write_csv
+
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
     elif args.csv:
-        write_csv(rows, HISTORY_COLUMNS, sys.stdout)
+        write_csv(rows, columns, sys.stdout)
     elif rows:
-        print(_table(rows))
+        print(table(rows))
     else:
-        print("no migrations match", file=sys.stderr)
+        print(empty, file=sys.stderr)
     return 0
