@@ -44,6 +44,7 @@ import torch.distributed as dist
 ENV_STORE = "ELASTIC_STORE"  # host:port of the control plane
 ENV_DEVICE = "ELASTIC_DEVICE"  # this worker's device id (local backend)
 ENV_NODE_INDEX = "ELASTIC_NODE_INDEX"  # index of this worker's node in the job topology (Slurm steps)
+ENV_FIRST_DEVICE = "ELASTIC_FIRST_DEVICE"  # device id of the node's GPU 0 (Slurm steps; nodes may differ in size)
 ENV_GPUS_PER_NODE = "ELASTIC_GPUS_PER_NODE"
 ENV_LOCAL_ID = "ELASTIC_LOCAL_ID"  # local task index; Slurm steps use SLURM_LOCALID
 ENV_FIRST_EVENT = "ELASTIC_FIRST_EVENT"  # first event this worker handles

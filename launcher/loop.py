@@ -170,6 +170,9 @@ class Launcher:
                 self.ctl.store.delete_key(f"ready/{d}")
             self.log(f"starting workers on {n}")
             self.handles[n] = self.backend.start(n, self.index[n], self.request.env(first_event), self.request.command)
+            if self.handles[n].devices != self.node_devices(n):  # the backend numbers devices as the topology does
+                raise MigrationFailed(f"workers on {n} started as devices {self.handles[n].devices}, the topology "
+                                      f"has {self.node_devices(n)}")
 
     def wait_ready(self, nodes: list[str], timeout: float | None = None, note: str = "") -> None:
         devs = [d for n in nodes for d in self.node_devices(n)]
@@ -438,7 +441,8 @@ class Launcher:
         new = [x for x in got.nodes if x not in self.index]
         if new:
             base = len(self.topology.devices)
-            devices = tuple(Device(base + i * self.gpn + g, x, g) for i, x in enumerate(new) for g in range(self.gpn))
+            sizes = [self.backend.gpus_on(x) for x in new]
+            devices = tuple(Device(base + sum(sizes[:i]) + g, x, g) for i, x in enumerate(new) for g in range(sizes[i]))
             self.topology = Topology(self.topology.devices + devices, self.topology.pinned)
             for x in new:
                 self.index[x] = len(self.alloc)

@@ -194,8 +194,8 @@ class Transaction:
             for n in leaving:
                 job.db.set_node_state(job.job_id, n, "idle")
             return f"node release failed (nodes stay allocated, idle): {exc}", []
-        for n in leaving:
-            job.db.set_node_state(job.job_id, n, "released")
+        for n in leaving:  # a node Slurm would not let go stays allocated, idle (the notes say why)
+            job.db.set_node_state(job.job_id, n, "idle" if job.backend.holds(n) else "released")
         return None, notes
 
     def _finish(self, p, results: dict[int, dict], nodes_before: int, error: str | None,

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m launcher.worker",
         description="Elastic training worker running the reference GPT trainer (migrate.train). Started by "
                     "elastic-launch, one per device; it reads the control-plane address and its device from "
-                    f"${C.ENV_STORE} and ${C.ENV_DEVICE} (or ${C.ENV_NODE_INDEX} + SLURM_LOCALID on Slurm).",
+                    f"${C.ENV_STORE} and ${C.ENV_DEVICE} (or ${C.ENV_FIRST_DEVICE} + SLURM_LOCALID on Slurm).",
         epilog="Example: elastic-launch --nnodes 2:4 --gpus-per-node 4 --layouts pp4tp2,pp2tp2 --db sqlite:///e.db "
                "-- python -m launcher.worker --layers 24 --hidden 512",
     )
@@ -86,6 +86,8 @@ def device_from_env(env=os.environ) -> tuple[int, int, int]:
     local = int(env.get(C.ENV_LOCAL_ID, env.get("SLURM_LOCALID", "0")))
     if C.ENV_DEVICE in env:
         return int(env[C.ENV_DEVICE]), local, gpn
+    if C.ENV_FIRST_DEVICE in env:  # one srun step per node: the node's first device id plus the task's index
+        return int(env[C.ENV_FIRST_DEVICE]) + local, local, gpn
     if C.ENV_NODE_INDEX not in env:
         raise RuntimeError(f"neither ${C.ENV_DEVICE} nor ${C.ENV_NODE_INDEX} is set: start workers with elastic-launch")
     return int(env[C.ENV_NODE_INDEX]) * gpn + local, local, gpn

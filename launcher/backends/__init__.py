@@ -48,10 +48,12 @@ def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes
     client = slurm_client.select_backend()
     try:
         info = client.job_info(job_id)
-    except slurm_client.SlurmError as exc:
+        allocation = client.allocation(job_id)  # every component, GPUs per node
+    except (slurm_client.SlurmError, ValueError) as exc:
         raise UsageError(f"unknown Slurm job {job_id}: {exc}") from None
     if info.state.upper() != "RUNNING":
         raise UsageError(f"Slurm job {job_id} is {info.state}, not running")
-    if len(info.nodes) < min_nodes:
-        raise UsageError(f"Slurm job {job_id} holds {len(info.nodes)} node(s), fewer than --nnodes minimum {min_nodes}")
-    return SlurmNodes(client, job_id, gpus_per_node, info=info, log_dir=log_dir), str(job_id)
+    if len(allocation.nodes) < min_nodes:
+        raise UsageError(f"Slurm job {job_id} holds {len(allocation.nodes)} node(s), fewer than --nnodes minimum "
+                         f"{min_nodes}")
+    return SlurmNodes(client, job_id, gpus_per_node, info=info, log_dir=log_dir, allocation=allocation), str(job_id)

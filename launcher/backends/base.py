@@ -141,7 +141,12 @@ class NodeBackend(Protocol):
 
     def component_of(self, node: str) -> int:
         """The heterogeneous job's component `node` belongs to (Slurm's het-job offset, what
-        `srun --het-group` takes); 0 for a plain job and the local backend. Recorded with every rank."""
+        `srun --het-group` takes; a companion job's nodes: the component it extends); 0 for a plain job
+        and the local backend. Recorded with every rank."""
+
+    def holds(self, node: str) -> bool:
+        """True while the job holds `node`: after `release`, a node Slurm would not let go (a
+        heterogeneous job's leader component) is still held, idle."""
 
     def describe(self) -> str:
         """One line for logs and the dry run."""

@@ -30,12 +30,16 @@ class LocalNodes:
         self.first = [sum(self.sizes[:i]) for i in range(nodes)]  # device id of each node's GPU 0
         self.log_dir = log_dir
         self.released: list[list[str]] = []
+        self.out: set[str] = set()  # released and not started since
 
     def gpus_on(self, node: str) -> int:
         return self.sizes[self.names.index(node)]
 
     def component_of(self, node: str) -> int:
         return 0  # simulated nodes form one plain job
+
+    def holds(self, node: str) -> bool:
+        return node not in self.out
 
     def allocation(self) -> list[str]:
         return list(self.names)
@@ -71,6 +75,7 @@ class LocalNodes:
     def start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> NodeHandle:
         """Run exactly the command lines of commands_for_start, one process per device."""
         procs = {}
+        self.out.discard(node)
         for env, cmd in zip(self.worker_env(node, index, base), self.commands_for_start(node, index, base, argv)):
             dev = int(env[C.ENV_DEVICE])
             out = None
@@ -93,6 +98,7 @@ class LocalNodes:
 
     def release(self, keep: Sequence[str]) -> list[str]:
         self.released.append(list(keep))
+        self.out |= set(self.names) - set(keep)
         return []
 
     def keep_rank(self, node: str) -> int:

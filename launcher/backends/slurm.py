@@ -1,14 +1,21 @@
-"""The Slurm node backend: workers as `srun --overlap` steps of the running job, and of its companion jobs.
+"""The Slurm node backend: workers as `srun --overlap` steps of the running job, of its heterogeneous
+components, and of its companion jobs.
 
-One step per node inside the running allocation; nodes go back with `scontrol update
-JobId=... NodeList=...`. Growing beyond the nodes the job holds submits a companion job
-(launcher.backends.slurm_client.build_companion_command): Slurm 22.05 cannot grow a job with
-GRES and never gives released nodes back, so the extra nodes come as a second batch job in the
-same partition, whole nodes with the same GPUs and tasks per node, named <job>-companion-<n>.
-Workers on its nodes are steps of the companion job; giving its nodes back shrinks or cancels it.
+One step per node inside the allocation, as many tasks as the GPUs the job holds on that node (nodes
+may differ: launcher.allocation reads them). In a heterogeneous job (`#SBATCH hetjob`) the steps of a
+component's nodes are `srun --jobid=<leader> --het-group=<offset>`. Nodes go back as far as Slurm
+allows (launcher.backends.slurm_holdings: `scontrol update` of the job or component that holds them,
+`scancel` of a whole non-leader component or companion; a heterogeneous job's leader component
+cannot be resized, so its nodes stay allocated, idle, and the migration's history says so).
+Growing beyond the nodes held submits a companion job (launcher.backends.slurm_client.
+build_companion_command): Slurm 22.05 cannot grow a job with GRES and never gives released nodes
+back, so the extra nodes come as a second batch job shaped like the component it extends (its
+partition, its GPUs per node), named <job>-companion-<n>. Workers on its nodes are steps of the
+companion job; giving its nodes back shrinks or cancels it.
 """
 from __future__ import annotations
 
+import dataclasses
 import signal as signal_module
 import socket
 import subprocess
@@ -29,50 +36,95 @@ from launcher.backends.slurm_client import (
     build_srun_command,
     parse_task_end,
 )
+from launcher.backends.slurm_holdings import COMPANION, COMPONENT, JOB, LEADER, Holder, companion_shape, plan_release
 
 # Slurm states of a job that will never run (again)
 ENDED_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "TIMEOUT")
 
 
+def holders_of(allocation, gpus_per_node: int) -> tuple[list[Holder], dict[str, int]]:
+    """(Holders, node -> workers) of a launcher.allocation.Allocation: each node runs as many workers as
+    GPUs the job holds there, at most `gpus_per_node` (--gpus-per-node); a node without GPUs, that many."""
+    het = allocation.heterogeneous
+    holders = [Holder(c.job_id, (LEADER if c.offset == 0 else COMPONENT) if het else JOB, tuple(c.nodes),
+                      c.batch_host, c.partition, c.offset if het else None,
+                      allocation.job_id if het else None, c.offset if het else None)
+               for c in allocation.components]
+    gpus = {n: min(g, gpus_per_node) if g > 0 else gpus_per_node for n, g in allocation.gpus().items()}
+    return holders, gpus
+
+
 class SlurmNodes:
-    """Workers as steps of the running Slurm job `job_id` (and of its companion jobs), through a
-    Slurm client (launcher.backends.slurm_client.SlurmBackend)."""
+    """Workers as steps of the running Slurm job `job_id` (a plain job or a heterogeneous job's leader),
+    of its components and of its companion jobs, through a Slurm client
+    (launcher.backends.slurm_client.SlurmBackend). `allocation` (launcher.allocation.Allocation) says
+    what the job holds per component and node; without it every node of `info` has `gpus_per_node`."""
 
     released_nodes_return = False  # Slurm never gives a job its released nodes back
 
     def __init__(self, slurm, job_id: int, gpus_per_node: int, info: JobInfo | None = None,
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, allocation=None) -> None:
         self.slurm, self.job_id, self.gpus_per_node = slurm, job_id, gpus_per_node
         self.info = info or slurm.job_info(job_id)
         self.log_dir = log_dir
-        self.held: dict[int, list[str]] = {int(job_id): list(self.info.nodes)}  # Slurm job -> nodes it holds
-        self.node_job: dict[str, int] = {}  # node -> the companion job it belongs to
-        self.companion_batch: dict[int, str] = {}  # companion job -> its batch host (never shrunk away)
+        if allocation is not None:
+            holders, self.gpus = holders_of(allocation, gpus_per_node)
+        else:
+            holders = [Holder(int(job_id), JOB, tuple(self.info.nodes), self.info.batch_host, self.info.partition)]
+            self.gpus = {n: gpus_per_node for n in self.info.nodes}
+        self.start_holders = tuple(holders)
+        self.holders: dict[int, Holder] = {h.job_id: h for h in holders}  # Slurm job -> what it holds now
+        nodes = [n for h in holders for n in h.nodes]
+        if self.batch_node in nodes:  # the batch node first: it is pinned and always used
+            nodes.remove(self.batch_node)
+            nodes.insert(0, self.batch_node)
+        self.order = nodes  # every node ever held, in the launcher's topology order (device ids follow it)
+        self.idle: set[str] = set()  # nodes Slurm would not release: allocated, no workers
+        # a plain job whose nodes hold different GPU counts refuses --gres=gpu:N steps above its smallest share
+        self.uneven = len({self.gpus[n] for n in nodes}) > 1 and allocation is not None and not allocation.heterogeneous
         self.companions_submitted = 0
+        self.shapes: dict = {}  # companion job -> the shape it was submitted with (slurm_holdings.Shape)
+
+    # -- what the job holds -----------------------------------------------------------------------
+    def holder(self, node: str) -> Holder | None:
+        return next((h for h in self.holders.values() if node in h.nodes), None)
+
+    def holds(self, node: str) -> bool:
+        return self.holder(node) is not None
 
     def gpus_on(self, node: str) -> int:
-        """GPUs of `node` the workers use: --gpus-per-node on every node (uneven Slurm nodes: not yet)."""
-        return self.gpus_per_node
+        """Workers of `node`: the GPUs the job holds there (at most --gpus-per-node)."""
+        return self.gpus.get(node, self.gpus_per_node)
 
     def component_of(self, node: str) -> int:
-        """The het-job component of `node` (0: a plain job; a heterogeneous allocation, read by
-        launcher.allocation, numbers its components by HetJobOffset)."""
-        return 0
+        """The heterogeneous-job component `node` belongs to (a companion's: the one it extends); 0 for
+        a plain job."""
+        h = self.holder(node)
+        return h.component if h is not None and h.component is not None else 0
+
+    def first_device(self, node: str) -> int:
+        """Device id of `node`'s GPU 0: nodes are numbered in the order they were first held, as the
+        launcher's topology (migrate.topology.Topology.of_nodes) numbers them."""
+        first = 0
+        for n in self.order:
+            if n == node:
+                return first
+            first += self.gpus_on(n)
+        raise KeyError(f"{node} was never held by Slurm job {self.job_id}")
 
     def allocation(self) -> list[str]:
-        nodes = list(self.info.nodes)
-        if self.info.batch_host in nodes:  # the batch node first: it is pinned and always used
-            nodes.remove(self.info.batch_host)
-            nodes.insert(0, self.info.batch_host)
-        return nodes
+        return [n for n in self.order if self.holds(n)]
 
     @property
     def batch_node(self) -> str:
         return self.info.batch_host or self.info.nodes[0]
 
     def describe(self) -> str:
-        return f"Slurm job {self.job_id} ({type(self.slurm).__name__}) on {','.join(self.allocation())}"
+        parts = [f"{h.label}: {','.join(f'{n}({self.gpus_on(n)})' for n in h.nodes)}" for h in self.holders.values()
+                 if h.component is not None]
+        sizes = f"; {'; '.join(parts)}" if parts else ""
+        return f"Slurm job {self.job_id} ({type(self.slurm).__name__}) on {','.join(self.allocation())}{sizes}"
 
     def default_master_addr(self) -> str:
         """This host's address: the launcher runs in the batch step, the workers on other nodes."""
@@ -80,20 +132,32 @@ class SlurmNodes:
 
     def step_env(self, node: str, index: int, base: Mapping[str, str]) -> dict[str, str]:
         env = dict(base)
-        env.update({C.ENV_NODE: node, C.ENV_NODE_INDEX: str(index)})
+        env.update({C.ENV_NODE: node, C.ENV_NODE_INDEX: str(index), C.ENV_FIRST_DEVICE: str(self.first_device(node)),
+                    C.ENV_GPUS_PER_NODE: str(self.gpus_on(node))})
         return env
 
     def job_of(self, node: str) -> int:
-        """The Slurm job whose steps run on `node`: a companion job's, else the launcher's own."""
-        return self.node_job.get(node, self.job_id)
+        """The Slurm job holding `node` (a component's or companion's own id), else the launcher's own."""
+        h = self.holder(node)
+        return h.job_id if h is not None else int(self.job_id)
 
     # -- workers ------------------------------------------------------------------------------
+    def _step(self, node: str) -> tuple[int, dict]:
+        """(srun --jobid, the other step options) of `node`'s step."""
+        h = self.holder(node) or self.holders[int(self.job_id)]
+        opts = {"het_group": h.het_group} if h.het_group is not None else {}
+        if self.uneven and h.kind == JOB:
+            opts["gpus_per_step"] = True
+        return h.srun_job, opts
+
     def commands_for_start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> list[list[str]]:
-        return [build_srun_command(self.job_of(node), [node], self.gpus_per_node, self.gpus_per_node,
-                                   self.step_env(node, index, base), resolve_python(argv))]
+        job, opts = self._step(node)
+        g = self.gpus_on(node)
+        return [build_srun_command(job, [node], g, g, self.step_env(node, index, base), resolve_python(argv), **opts)]
 
     def commands_for_release(self, keep: Sequence[str]) -> list[list[str]]:
-        return [build_shrink_command(self.job_id, keep)]
+        p = plan_release(list(self.holders.values()), keep, frozenset(self.idle))
+        return [build_shrink_command(j, kept) for j, kept in p.shrink] + [["scancel", str(j)] for j in p.cancel]
 
     def start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> NodeHandle:
         """Start the node's step; srun's stderr is read here (and passed on to the log) so that a task
@@ -102,12 +166,16 @@ class SlurmNodes:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"step-{node}.log", "ab")
-        job = self.job_of(node)
-        kwargs = {"other_job": True} if job != self.job_id else {}  # a companion's step: none of our SLURM_*
-        step = self.slurm.start_step(job, [node], self.gpus_per_node, self.gpus_per_node,
-                                     self.step_env(node, index, base), resolve_python(argv),
-                                     stdout=out, stderr=subprocess.PIPE, **kwargs)
-        handle = NodeHandle(node, [index * self.gpus_per_node + g for g in range(self.gpus_per_node)], step=step)
+        job, opts = self._step(node)
+        h = self.holder(node)
+        if h is not None and h.kind == COMPANION:
+            opts["other_job"] = True  # a companion's step: none of our SLURM_*
+        g = self.gpus_on(node)
+        step = self.slurm.start_step(job, [node], g, g, self.step_env(node, index, base), resolve_python(argv),
+                                     stdout=out, stderr=subprocess.PIPE, **opts)
+        self.idle.discard(node)
+        first = self.first_device(node)
+        handle = NodeHandle(node, list(range(first, first + g)), step=step)
         handle.reader = threading.Thread(target=_watch_tasks, args=(step.stderr, out, handle), daemon=True)
         handle.reader.start()
         return handle
@@ -119,43 +187,42 @@ class SlurmNodes:
         handle.signal(sig)  # srun forwards it to the step's tasks
 
     def keep_rank(self, node: str) -> int:
-        """The job's own nodes first, then a companion's batch host (it can only be cancelled, not
-        shrunk away), then the companions' other nodes."""
-        return 0 if node not in self.node_job else 1 if self.is_companion_batch(node) else 2
+        """Nodes that cannot be given back first (the job's own, a heterogeneous job's leader
+        component), then the batch hosts of the other components and companions (they go only with the
+        whole job), then the rest."""
+        h = self.holder(node)
+        if h is None or h.kind in (JOB, LEADER):
+            return 0
+        return 1 if node == h.batch_host else 2
 
     def release(self, keep: Sequence[str]) -> list[str]:
-        """Give back every node not in `keep`: shrink the launcher's job (only when it loses nodes),
-        shrink a companion job that keeps some nodes, cancel one that keeps none."""
-        before = set(self.companion_jobs())
-        keep_set = set(keep)
-        main = int(self.job_id)
-        kept_main = [n for n in self.held[main] if n in keep_set]
-        if kept_main != self.held[main]:
-            self.slurm.shrink(self.job_id, kept_main)
-            self.held[main] = kept_main
-        for job in self.companion_jobs():
-            kept = [n for n in self.held[job] if n in keep_set]
-            if not kept:
-                self.cancel_companion(job)
-            elif kept != self.held[job]:
-                self.slurm.shrink(job, kept)
-                for n in set(self.held[job]) - set(kept):
-                    self.node_job.pop(n, None)
-                self.held[job] = kept
-        ended = sorted(before - set(self.companion_jobs()))
-        if not ended:
-            return []
-        return [f"companion job {', '.join(map(str, ended))} cancelled"]
+        """Give back every node not in `keep` as far as Slurm allows (slurm_holdings.plan_release): shrink
+        the jobs and components that keep some nodes, cancel companions and components that keep none;
+        nodes Slurm would not release stay allocated, idle (`holds` says so). Returns the notes."""
+        p = plan_release(list(self.holders.values()), keep, frozenset(self.idle))
+        for job, kept in p.shrink:
+            self.slurm.shrink(job, list(kept))
+            self.holders[job] = dataclasses.replace(self.holders[job], nodes=kept)
+        for job in p.cancel:
+            self.cancel_companion(job)
+        self.idle |= set(p.idle)
+        return list(p.notes)
 
     # -- companion jobs -------------------------------------------------------------------------
     @property
     def partition(self) -> str:
         return self.info.partition or ""
 
+    def shape(self):
+        """What the next companion job asks for (slurm_holdings.companion_shape): like the component
+        that lost the most nodes, its partition and GPUs per node."""
+        return companion_shape(self.start_holders, list(self.holders.values()), self.gpus)
+
     def companion_command(self, job_name: str, n: int, nodes: int, exclude: Sequence[str]) -> tuple[list[str], str]:
         """(sbatch argv, script) of companion job number n: pure, what submit_companion runs."""
         output = self.log_dir / f"companion-{n}-%j.out" if self.log_dir is not None else "/dev/null"
-        return (build_companion_command(job_name, n, nodes, self.gpus_per_node, self.partition, exclude, output),
+        shape = self.shape()
+        return (build_companion_command(job_name, n, nodes, shape.gpus, shape.partition, exclude, output),
                 build_companion_script(self.job_id))
 
     def submit_companion(self, job_name: str, nodes: int, exclude: Sequence[str]) -> int:
@@ -164,7 +231,10 @@ class SlurmNodes:
         cmd, script = self.companion_command(job_name, self.companions_submitted, nodes, exclude)
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-        return self.slurm.submit(script, extra_args=cmd[2:])  # cmd = sbatch --parsable ARGS
+        shape = self.shape()
+        cid = self.slurm.submit(script, extra_args=cmd[2:])  # cmd = sbatch --parsable ARGS
+        self.shapes[cid] = shape
+        return cid
 
     def acquire(self, count: int, *, job_name: str, exclude: Sequence[str], timeout: float,
                 report: Reporter) -> Acquired:
@@ -225,29 +295,32 @@ class SlurmNodes:
                 report.log(f"cancelling companion job {cid} failed: {exc}")
 
     def adopt_companion(self, job_id: int, nodes: Sequence[str], batch_host: str | None) -> None:
-        """The companion job runs on `nodes`: its steps run the workers there from now on."""
-        self.held[int(job_id)] = list(nodes)
-        self.companion_batch[int(job_id)] = batch_host or nodes[0]
+        """The companion job runs on `nodes`: its steps run the workers there from now on, as many per
+        node as the component it extends has (its shape)."""
+        shape = self.shapes.pop(int(job_id), None) or self.shape()
+        self.holders[int(job_id)] = Holder(int(job_id), COMPANION, tuple(nodes), batch_host or nodes[0],
+                                           shape.partition, shape.component)
         for n in nodes:
-            self.node_job[n] = int(job_id)
+            self.gpus[n] = shape.gpus
+            self.idle.discard(n)
+            if n not in self.order:
+                self.order.append(n)
 
     def cancel_companion(self, job_id: int) -> None:
-        """scancel the companion job (pending or running) and forget its nodes."""
+        """scancel a companion job (pending or running) or a component (not the leader) and forget its nodes."""
         job_id = int(job_id)
         try:
             self.slurm.cancel(job_id)
         finally:
-            for n in self.held.pop(job_id, []):
-                if self.node_job.get(n) == job_id:
-                    del self.node_job[n]
-            self.companion_batch.pop(job_id, None)
+            gone = self.holders.pop(job_id, None)
+            self.idle -= set(gone.nodes if gone is not None else ())
 
     def companion_jobs(self) -> list[int]:
-        return [j for j in self.held if j != int(self.job_id)]
+        return [j for j, h in self.holders.items() if h.kind == COMPANION]
 
     def is_companion_batch(self, node: str) -> bool:
-        return node in self.node_job and self.companion_batch.get(self.node_job[node]) == node
-
+        h = self.holder(node)
+        return h is not None and h.kind == COMPANION and h.batch_host == node
 
 def _watch_tasks(stderr, out, handle: NodeHandle) -> None:
     """Pass srun's stderr on (to the step's log, else ours) and note each task that ended badly."""

@@ -163,8 +163,14 @@ def _compress_group(prefix: str, width: int, numbers: list[int]) -> str:
 # -------------------------------------------------------- command builders
 def build_srun_command(job_id: int | str, nodes: Sequence[str], ntasks_per_node: int,
                        gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
-                       overlap: bool = True, het_group: int | None = None) -> list[str]:
+                       overlap: bool = True, het_group: int | None = None, gpus_per_step: bool = False) -> list[str]:
     """srun line for one step on chosen nodes of a running job.
+
+    GPUs: `--gres=gpu:G` per node; `gpus_per_step=True` asks `--gpus=<G x nodes>` instead, for a
+    plain job whose nodes hold different GPU counts (`sbatch --gpus=N` or `--exclusive` on uneven
+    nodes): Slurm 22.05 refuses `--gres=gpu:G` (and `--gpus-per-node=G`) steps there when G is above
+    the job's smallest per-node share ("Step requested gres_per_node=gpu:4 is more than the job's
+    gres_per_node=gpu:2"), while a one-node step with `--gpus=4` gets the node's 4.
 
     In a heterogeneous job `job_id` is the leader's id and `het_group` the component's offset:
     Slurm 22.05 refuses a component's own id ("Job not heterogeneous job leader") and, without
@@ -191,7 +197,7 @@ def build_srun_command(job_id: int | str, nodes: Sequence[str], ntasks_per_node:
         f"--ntasks={ntasks_per_node * len(nodes)}",
     ]
     if gpus_per_node:
-        cmd.append(f"--gres=gpu:{gpus_per_node}")
+        cmd.append(f"--gpus={gpus_per_node * len(nodes)}" if gpus_per_step else f"--gres=gpu:{gpus_per_node}")
     if overlap:
         cmd.append("--overlap")
     cmd.append("--kill-on-bad-exit=0")
@@ -498,7 +504,7 @@ class SlurmBackend(Protocol):
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
                    gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
                    overlap: bool = True, other_job: bool = False, het_group: int | None = None,
-                   **popen_kwargs: Any) -> subprocess.Popen: ...
+                   gpus_per_step: bool = False, **popen_kwargs: Any) -> subprocess.Popen: ...
 
 
 class SlurmCommands:
@@ -618,13 +624,14 @@ class SlurmCommands:
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
                    gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
                    overlap: bool = True, other_job: bool = False, het_group: int | None = None,
-                   **popen_kwargs: Any) -> subprocess.Popen:
+                   gpus_per_step: bool = False, **popen_kwargs: Any) -> subprocess.Popen:
         """Start `srun` for one step and return at once; the caller owns the process.
 
         other_job=True: the step belongs to another job than the one this process runs in (a
         companion job), so srun gets none of this job's SLURM_* variables (SLURM_CONF stays).
         het_group: the component of a heterogeneous job (`job_id` is then the leader's)."""
-        cmd = build_srun_command(job_id, nodes, ntasks_per_node, gpus_per_node, env, argv, overlap, het_group)
+        cmd = build_srun_command(job_id, nodes, ntasks_per_node, gpus_per_node, env, argv, overlap, het_group,
+                                 gpus_per_step)
         popen_kwargs.setdefault("env", env_outside_job(self._env()) if other_job else self._env())
         try:
             return subprocess.Popen(cmd, **popen_kwargs)

@@ -33,6 +33,7 @@ def fake_slurm(monkeypatch):
 
     def runner(cmd, *, input=None, env=None, timeout=None):
         calls.append(list(cmd))
+        cmd = [c for c in cmd if c != "-d"]  # `scontrol show -d job` (the allocation): no GRES lines here
         if cmd[:3] == ["scontrol", "show", "job"] and cmd[3] == "2":
             return subprocess.CompletedProcess(cmd, 0, show, "")
         if cmd[:3] == ["scontrol", "show", "job"]:
@@ -107,7 +108,8 @@ def test_dry_run_slurm_prints_srun_and_scontrol_golden(fake_slurm, capsys, tmp_p
     assert "srun --jobid=2 --nodes=1 --nodelist=n1" in out and "--overlap" in out
     assert "scontrol update JobId=2 'NodeList=n[1-2]'" in out
     assert list(tmp_path.iterdir()) == [], "a dry run writes nothing"
-    assert all(c[:3] == ["scontrol", "show", "job"] for c in fake_slurm), "a dry run changes nothing"
+    assert all([c for c in c_ if c != "-d"][:3] == ["scontrol", "show", "job"] for c_ in fake_slurm), \
+        "a dry run changes nothing"
 
 
 def test_dry_run_local_golden(capsys, tmp_path, monkeypatch):
