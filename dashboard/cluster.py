@@ -46,6 +46,21 @@ class ElasticJob:
     min_nodes: int
     entries: tuple[RankEntry, ...]
     held_nodes: tuple[str, ...] = ()  # nodes the job holds (ranks or not), in its own order
+    node_gpus: Mapping[str, int] = field(default_factory=dict)  # node -> its GPUs (uneven nodes; else gpus_per_node)
+    components: Mapping[str, int] = field(default_factory=dict)  # node -> het-job component (0: a plain job)
+
+    def gpus_on(self, node: str) -> int:
+        return self.node_gpus.get(node) or self.gpus_per_node
+
+    def component_of(self, node: str) -> int:
+        """The node's component: as recorded for the node, else as its ranks say."""
+        if node in self.components:
+            return self.components[node]
+        return next((e.component for e in self.entries if e.node == node), 0)
+
+    @property
+    def heterogeneous(self) -> bool:
+        return any(self.components.values()) or any(e.component for e in self.entries)
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,7 @@ class NodeView:
     gpus: tuple[GpuCell, ...]
     partitions: tuple[str, ...] = ()
     reason: str = ""
+    components: tuple[tuple[str, int], ...] = ()  # (job, component) for each heterogeneous job on the node
 
     @property
     def usable(self) -> bool:
@@ -177,10 +193,12 @@ def _rank_cell(index: int, job_key: str, job: ElasticJob, e: RankEntry) -> GpuCe
     return GpuCell(index, "elastic", job_key, job.name, job.id, e.virtual_rank, e.pp, e.tp, e.dp, job.layout)
 
 
-def elastic_owner(slurm_id: str, slurm_name: str, jobs: Sequence[ElasticJob]) -> ElasticJob | None:
-    """The elastic job a Slurm job belongs to: its own allocation or one of its companion jobs."""
+def elastic_owner(slurm_id: str, slurm_name: str, jobs: Sequence[ElasticJob],
+                  het_job_id: str = "") -> ElasticJob | None:
+    """The elastic job a Slurm job belongs to: its own allocation (any component of a heterogeneous
+    one: `het_job_id` is the leader's id) or one of its companion jobs."""
     for job in jobs:
-        if job.slurm_job_id and job.slurm_job_id == slurm_id:
+        if job.slurm_job_id and job.slurm_job_id in (slurm_id, het_job_id):
             return job
         if re.fullmatch(re.escape(job.name) + r"-companion-\d+", slurm_name or ""):
             return job
@@ -194,9 +212,13 @@ def build_from_slurm(snapshot, jobs: Sequence[ElasticJob], partitions: Iterable[
     cells: dict[str, dict[int, GpuCell]] = {}
     labels: dict[str, str] = {}
     companions: dict[int, set[str]] = {}
+    marks: dict[str, list[tuple[str, int]]] = {}
     for sj in snapshot.jobs:
-        owner = elastic_owner(sj.job_id, sj.name, jobs)
+        owner = elastic_owner(sj.job_id, sj.name, jobs, sj.het_job_id)
         labels[sj.job_id] = f"{sj.job_id} {sj.name}" + (" (elastic)" if owner else "")
+        if sj.het_job_id:  # Slurm says which component holds the node (its HetJobOffset)
+            for node in [*sj.gpus, *sj.gpus_unknown]:
+                marks.setdefault(node, []).append((owner.name if owner else f"job {sj.het_job_id}", sj.het_job_offset))
         nodes = {**{n: idx for n, idx in sj.gpus.items()},
                  **{n: tuple(range(c)) for n, c in sj.gpus_unknown.items() if n not in sj.gpus}}
         if owner is not None and owner.slurm_job_id != sj.job_id:
@@ -219,7 +241,7 @@ def build_from_slurm(snapshot, jobs: Sequence[ElasticJob], partitions: Iterable[
         width = max([n.gpus] + [g + 1 for g in mine])
         gpus = tuple(mine.get(g, GpuCell(g, "idle")) for g in range(width))
         views.append(NodeView(n.name, n.state, node_marks(n.state, n.flags, n.name in reserved), gpus,
-                              n.partitions, n.reason))
+                              n.partitions, n.reason, tuple(marks.get(n.name, ()))))
     elastic_here = [j for j in jobs if any(g.elastic_id == j.id for v in views for g in v.gpus)]
     return ClusterView("slurm", tuple(views), fragmentation(views), tuple(shrink_gains(views, elastic_here, companions)),
                        labels)
@@ -227,14 +249,15 @@ def build_from_slurm(snapshot, jobs: Sequence[ElasticJob], partitions: Iterable[
 
 def build_local(jobs: Sequence[ElasticJob], failed_nodes: Iterable[str] = ()) -> ClusterView:
     """The local backend's simulated nodes, from the database alone: every node a running job
-    holds or runs on, with that job's GPUs per node. A node a job holds without running a rank
-    there (its pinned batch node, a node not yet released) shows that job's GPUs as `held`; on a
-    node where it runs ranks, its other GPUs are idle (stranded)."""
+    holds or runs on, with the GPUs that job recorded for it (uneven nodes differ). A node a job
+    holds without running a rank there (its pinned batch node, a node not yet released) shows that
+    job's GPUs as `held`; on a node where it runs ranks, its other GPUs are idle (stranded)."""
     failed = set(failed_nodes)
     names: list[str] = []
     width: dict[str, int] = {}
     cells: dict[str, dict[int, GpuCell]] = {}
     labels: dict[str, str] = {}
+    marks: dict[str, list[tuple[str, int]]] = {}
     for job in jobs:
         key = f"job-{job.id}"
         labels[key] = f"{job.name} (elastic)"
@@ -243,16 +266,19 @@ def build_local(jobs: Sequence[ElasticJob], failed_nodes: Iterable[str] = ()) ->
         for node in nodes:
             if node not in width:
                 names.append(node)
-            width[node] = max(width.get(node, 0), job.gpus_per_node, *(g + 1 for n, g in ranks if n == node))
+            width[node] = max(width.get(node, 0), job.gpus_on(node), *(g + 1 for n, g in ranks if n == node))
+            if job.heterogeneous:
+                marks.setdefault(node, []).append((job.name, job.component_of(node)))
             here = cells.setdefault(node, {})
-            for gpu in range(job.gpus_per_node):
+            for gpu in range(job.gpus_on(node)):
                 e = ranks.get((node, gpu))
                 if e is not None:
                     here[gpu] = _rank_cell(gpu, key, job, e)
                 elif gpu not in here and node in job.held_nodes and not any(n == node for n, _ in ranks):
                     here[gpu] = GpuCell(gpu, "held", key, job.name, job.id, layout=job.layout)
     views = [NodeView(n, "down" if n in failed else "up", ("down",) if n in failed else (),
-                      tuple(cells[n].get(g, GpuCell(g, "idle")) for g in range(width[n])))
+                      tuple(cells[n].get(g, GpuCell(g, "idle")) for g in range(width[n])),
+                      components=tuple(marks.get(n, ())))
              for n in _natural(names)]
     return ClusterView("local", tuple(views), fragmentation(views), tuple(shrink_gains(views, jobs)), labels)
 

@@ -34,10 +34,12 @@ def elastic_jobs(store: "Store") -> list[ElasticJob]:
             continue
         rank_map = store.current_rank_map(job.id)
         spec = store.launch_spec(job.id) or {}
-        held = tuple(n.name for n in store.list_nodes(job.id) if n.state in ("active", "idle"))
+        nodes = store.list_nodes(job.id)
+        held = tuple(n.name for n in nodes if n.state in ("active", "idle"))
         out.append(ElasticJob(job.id, job.name, job.slurm_job_id, rank_map.layout if rank_map else job.layout,
                               job.gpus_per_node, job.pinned_node, int(spec.get("min_nodes") or job.min_nodes or 1),
-                              rank_map.entries if rank_map else (), held))
+                              rank_map.entries if rank_map else (), held, {n.name: n.gpus for n in nodes},
+                              {n.name: n.component for n in nodes}))
     return out
 
 

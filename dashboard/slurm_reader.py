@@ -49,6 +49,8 @@ class SlurmJob:
     gpus: Mapping[str, tuple[int, ...]]
     gpus_unknown: Mapping[str, int]
     batch_host: str = ""
+    het_job_id: str = ""  # a heterogeneous job's component: the leader's id ("" for a plain job)
+    het_job_offset: int = 0  # ... and its component number (what srun --het-group takes)
 
 
 @dataclass(frozen=True)
@@ -183,8 +185,10 @@ def parse_squeue(text: str) -> list[SlurmJob]:
                     unknown[node] = per_node
             elif idx:
                 gpus[node] = idx
+        het = int(j.get("het_job_id") or 0)
         jobs.append(SlurmJob(str(j["job_id"]), j.get("name") or "", j.get("user_name") or "", state,
-                             j.get("partition") or "", gpus, unknown, j.get("batch_host") or ""))
+                             j.get("partition") or "", gpus, unknown, j.get("batch_host") or "",
+                             str(het) if het else "", int(j.get("het_job_offset") or 0)))
     return jobs
 
 

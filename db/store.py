@@ -379,12 +379,16 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         others = self._others_on(job_id, names)
         infos = [NodeInfo(n.name, n.state, n.pinned, n.gpus, n.component) for n in nodes]
         failed = [(n.name, g) for n in nodes for g, st in n.devices.items() if st == "failed"]
+        grid = placement_mod.grid(entries, infos, job.gpus_per_node, others, failed)
+        components = sorted({r["component"] for r in grid})
         return {
             "job": job,
             "epoch": current.epoch if current else None,
             "layout": current.layout if current else job.layout,
             "started_at": current.started_at if current else None,
-            "grid": placement_mod.grid(entries, infos, job.gpus_per_node, others, failed),
+            "grid": grid,
+            "width": max((len(r["cells"]) for r in grid), default=0),  # the widest node's GPUs
+            "components": components if components != [0] else [],  # het-job components (none: a plain job)
             "fragmentation": placement_mod.fragmentation(entries, infos, job.gpus_per_node, others),
             "pp_stages": len({e.pp for e in entries}),
             "tp_groups": len({(e.pp, e.dp) for e in entries}),

@@ -18,7 +18,7 @@ import pytest
 from dashboard import create_app
 from db import Store
 from tests.dashboard.conftest import PASSWORDS, SECRET
-from tests.db.seed import layout_entries, spread_llama
+from tests.db.seed import HET_NODES, layout_entries, seed_hetjob, spread_llama
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,3 +138,51 @@ def test_login_with_an_offsite_next_stays_on_the_site_under_the_csp(page: Any, s
     page.wait_for_url(f"{server}/")
     page.wait_for_timeout(2500)  # one poll of the jobs table
     assert page.url == f"{server}/" and violations == []
+
+
+_GEOMETRY = """() => Array.from(document.querySelectorAll('tr[data-node]')).map(tr => {
+  const cells = Array.from(tr.querySelectorAll('td.cell')).map(td => td.getBoundingClientRect());
+  const node = getComputedStyle(tr.querySelector('td.node'));
+  return {node: tr.dataset.node, widths: cells.map(r => r.width),
+          extent: cells.length ? cells[cells.length - 1].right - cells[0].left : 0,
+          bar: [node.borderLeftStyle, node.borderLeftWidth, node.borderLeftColor],
+          badges: Array.from(tr.querySelectorAll('.comp-badge')).filter(b => b.offsetWidth > 0).map(b => b.innerText)};
+})"""
+
+
+def _drawn(page: Any) -> dict[str, dict[str, Any]]:
+    return {r["node"]: r for r in page.evaluate(_GEOMETRY)}
+
+
+def test_uneven_nodes_drawn_to_their_width_with_component_marks(page: Any, server: str, db_url: str,
+                                                                tmp_path: Path) -> None:
+    """Issue 13 item 5, in Chromium: a heterogeneous job on 4,4,2,2 GPU nodes (components 0 and 1),
+    recorded through the Store. On the job page and on /cluster every node is drawn one cell per GPU it
+    has (a 4-GPU node twice as wide as a 2-GPU one) with a visible component badge and a coloured bar
+    that differs between components; the strict CSP reports nothing."""
+    violations: list[str] = []
+    page.on("console", lambda msg: violations.append(msg.text) if "Content Security Policy" in msg.text else None)
+    store = Store(db_url)
+    job = seed_hetjob(store)
+    store.close()
+    sizes = {name: gpus for name, gpus, _ in HET_NODES}
+    comps = {name: comp for name, _, comp in HET_NODES}
+    _login(page, server, "admin")
+    for url in (f"{server}/jobs/{job}", f"{server}/cluster"):
+        page.goto(url)
+        page.wait_for_selector('tr[data-node="b2"] .comp-badge')
+        page.wait_for_timeout(300)  # let layout settle
+        drawn = _drawn(page)
+        cell = drawn["a1"]["widths"][0]
+        assert cell > 20
+        for name, gpus in sizes.items():
+            row = drawn[name]
+            assert len(row["widths"]) == gpus, (url, name, row)
+            assert all(abs(w - cell) <= 1 for w in row["widths"]), (url, name, row)  # cells alike
+            assert abs(row["extent"] - gpus * cell) <= gpus + 1, (url, name, row)  # as wide as its GPUs
+            assert row["bar"][0] == "solid" and row["bar"][1] == "6px", (url, name, row)
+            assert [b.endswith(f"component {comps[name]}") for b in row["badges"]] == [True], (url, name, row)
+        assert abs(drawn["a1"]["extent"] / drawn["b1"]["extent"] - 2) < 0.05, url
+        assert drawn["a1"]["bar"][2] == drawn["a2"]["bar"][2] != drawn["b1"]["bar"][2] == drawn["b2"]["bar"][2]
+        _shot(page, "hetjob-" + url.rsplit("/", 1)[-1] + ".png", tmp_path)
+    assert violations == []

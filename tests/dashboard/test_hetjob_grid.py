@@ -1,0 +1,101 @@
+"""Heterogeneous jobs on uneven nodes in the dashboard (issue 13 item 5): the placement grid of the job
+page and /cluster draws one cell per GPU a node has and marks each node's het-job component.
+
+The job is recorded through the real Store (tests.db.seed.seed_hetjob: 2 x 4-GPU nodes in component 0,
+2 x 2-GPU nodes in component 1, the testbed's 4,4,2,2 shape); the expected widths are the node sizes
+given to the store, never read back from the code under test.
+"""
+from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+from dashboard.cluster import ElasticJob, build_from_slurm
+from dashboard.slurm_reader import SlurmNode, SlurmSnapshot, parse_squeue
+from tests.db.seed import HET_NODES, seed_hetjob, uneven_entries
+
+GOLDEN = Path(__file__).resolve().parents[1] / "launcher" / "golden"
+
+
+class Rows(HTMLParser):
+    """Every <tr data-node> of a page: its attributes, its GPU cells, and the text of its badges."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.rows: dict[str, dict[str, Any]] = {}
+        self._row: dict[str, Any] | None = None
+        self._badge = False
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "tr" and "data-node" in a:
+            self._row = {"attrs": a, "cells": 0, "badges": []}
+            self.rows[a["data-node"]] = self._row
+        elif self._row is not None and tag == "td" and "cell" in a.get("class", "").split():
+            self._row["cells"] += 1
+        elif self._row is not None and tag == "span" and "comp-badge" in a.get("class", "").split():
+            self._badge = True
+            self._row["badges"].append("")
+
+    def handle_data(self, data: str) -> None:
+        if self._badge and self._row is not None:
+            self._row["badges"][-1] += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "span":
+            self._badge = False
+        elif tag == "tr":
+            self._row = None
+
+
+def test_job_page_draws_each_node_as_wide_as_its_gpus_and_marks_components(viewer, store) -> None:
+    job = seed_hetjob(store)
+    for headers in ({}, {"HX-Request": "true"}):  # the page and the partial htmx swaps in
+        html = viewer.get(f"/jobs/{job}", headers=headers).text
+        rows = Rows(html).rows
+        assert {n: r["cells"] for n, r in rows.items()} == {name: gpus for name, gpus, _ in HET_NODES}
+        assert {n: r["attrs"]["data-component"] for n, r in rows.items()} == {
+            name: str(comp) for name, _, comp in HET_NODES}
+        assert {n: r["badges"] for n, r in rows.items()} == {
+            name: [f"component {comp}"] for name, _, comp in HET_NODES}
+        assert all(f"comp-{comp}" in rows[name]["attrs"]["class"].split() for name, _, comp in HET_NODES)
+        assert html.count("<th>GPU ") == 4 and 'id="components"' in html  # columns of the widest node
+
+
+def test_plain_job_page_shows_no_component_marks(viewer) -> None:
+    html = viewer.get("/jobs/1").text  # llama: a plain job on equal nodes
+    rows = Rows(html).rows
+    assert rows and all(r["badges"] == [] and "data-component" not in r["attrs"] for r in rows.values())
+    assert {r["cells"] for r in rows.values()} == {4} and 'id="components"' not in html
+
+
+def test_cluster_page_on_the_local_backend_draws_uneven_nodes_with_components(admin, store) -> None:
+    seed_hetjob(store)  # nodes a1, a2, b1, b2 besides the demo's n0..n2 (4 GPUs each)
+    rows = Rows(admin.get("/cluster").text).rows
+    for name, gpus, comp in HET_NODES:
+        assert rows[name]["cells"] == gpus and rows[name]["attrs"]["data-gpus"] == str(gpus)
+        assert rows[name]["attrs"]["data-components"] == f"het:{comp}"
+        assert rows[name]["badges"] == [f"het · component {comp}"]
+    assert rows["n1"]["cells"] == 4 and rows["n1"]["badges"] == [] and "data-components" not in rows["n1"]["attrs"]
+
+
+def test_recorded_heterogeneous_squeue_marks_each_component() -> None:
+    """squeue --json recorded on the testbed (job 19: component 0 on n1 with 4 GPUs, component 1 on n3, n4
+    with 2 each): each Slurm record of the het job belongs to the elastic job, and the nodes carry the
+    component Slurm says (het_job_offset)."""
+    jobs = parse_squeue((GOLDEN / "hetjob_squeue.json").read_text())
+    assert sorted((j.job_id, j.het_job_id, j.het_job_offset) for j in jobs) == [("19", "19", 0), ("20", "19", 1)]
+    nodes = (("n1", 4, 0), ("n3", 2, 1), ("n4", 2, 1))
+    snap = SlurmSnapshot(tuple(SlurmNode(n, ("gpu4" if g == 4 else "gpu2",), g, "mixed", (), "")
+                               for n, g, _ in (("n1", 4, 0), ("n2", 4, 0), *nodes[1:])), tuple(jobs), ())
+    entries = tuple(uneven_entries(1, 2, 4, nodes))
+    job = ElasticJob(1, "het-exp", "19", "pp1tp2dp4", 4, "n1", 1, entries, ("n1", "n3", "n4"),
+                     {n: g for n, g, _ in nodes}, {n: c for n, _, c in nodes})
+    view = build_from_slurm(snap, [job])
+    by = {n.name: n for n in view.nodes}
+    assert {n: len(v.gpus) for n, v in by.items()} == {"n1": 4, "n2": 4, "n3": 2, "n4": 2}
+    assert [g.kind for g in by["n3"].gpus] == ["elastic", "elastic"] and by["n4"].gpus[1].rank == 7
+    assert {n: v.components for n, v in by.items()} == {
+        "n1": (("het-exp", 0),), "n2": (), "n3": (("het-exp", 1),), "n4": (("het-exp", 1),)}
