@@ -19,7 +19,7 @@ from launcher.backends import AcquireFailed, CannotAcquire, NodeBackend, NodeHan
 from launcher.options import Options
 from launcher.pause import PendingPauses
 from launcher.start_request import StartRequest, checkpoint_dir
-from launcher.survival import survival
+from launcher.survival import auto_checkpoint_every, survival
 from launcher.transaction import MigrationFailed, Outcome, Transaction
 
 
@@ -47,6 +47,9 @@ class Launcher:
         sizes = [backend.gpus_on(n) for n in self.alloc]
         self.topology = Topology.of_nodes(sizes, names=self.alloc, pinned=(backend.batch_node,))
         self.tp_fit = tp_fit(sizes)  # uneven nodes: TP groups that fit every node (gpn when all alike)
+        if opts.checkpoint_auto and len(set(sizes)) > 1:  # uneven nodes: the allocation's sizes decide
+            opts.checkpoint_every = auto_checkpoint_every(opts.min_nodes, opts.max_nodes, sizes, opts.layouts,
+                                                          opts.model, opts.placement)
         self.index = {n: i for i, n in enumerate(self.alloc)}
         self.slurm_job_id = slurm_job_id
         self.log = log or (lambda m: print(f"[elastic-launch] {m}", file=sys.stderr, flush=True))

@@ -174,6 +174,7 @@ class Options:
     trigger_default: str = "resize"
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
+    checkpoint_auto: bool = False  # no --checkpoint-every: the launcher decides again once it knows the node sizes
     placement: str = "packed"
     resume: bool = False
     release_early: bool = False  # migrations free old tensors as they are sent (lower peak memory)
@@ -221,8 +222,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
                    checkpoint_dir=args.checkpoint_dir, resume=args.resume, placement=args.placement,
                    release_early=args.release_early, node_gpus=node_gpus, mode=args.mode,
                    term_timeout=args.term_timeout, max_restarts=args.max_restarts,
-                   checkpoint_every=auto_checkpoint_every(lo, hi, gpn, layouts, model, args.placement)
-                   if args.checkpoint_every is None else args.checkpoint_every)
+                   checkpoint_every=auto_checkpoint_every(lo, hi, node_gpus or gpn, layouts, model, args.placement)
+                   if args.checkpoint_every is None else args.checkpoint_every,
+                   checkpoint_auto=args.checkpoint_every is None)
 
 
 def _node_gpus(args: argparse.Namespace) -> tuple[int, ...]:

@@ -30,6 +30,30 @@ def test_dry_run_starts_each_node_with_its_own_devices(capsys) -> None:
     assert devices == list(range(8))
 
 
+@pytest.mark.parametrize("sizes, every", [("3,1", "100"), ("2,2", "0")])
+def test_default_safety_checkpoints_follow_the_real_node_sizes(sizes, every, capsys) -> None:
+    """pp2dp2 on a 3-GPU and a 1-GPU node: the big node holds 3 of the 4 ranks, so some stage has both
+    replicas on it and a node loss loses state (two 2-GPU nodes survive it)."""
+    assert main(["--dry-run", "--backend", "local", "--nnodes", "2", "--gpus-per-node", sizes, "--layouts", "pp2dp2",
+                 "--", "python", "-m", "launcher.worker", "--layers", "4"]) == 0
+    assert f"ELASTIC_CHECKPOINT_EVERY={every} " in capsys.readouterr().out
+
+
+def test_launcher_decides_again_on_the_allocations_node_sizes() -> None:
+    """On Slurm the node sizes are known once the backend read the allocation: without --checkpoint-every
+    the launcher decides with them (here a backend of 3- and 1-GPU nodes under options that knew none)."""
+    from launcher.loop import Launcher
+    from launcher.options import Options
+    from migrate.layout import ParallelConfig
+
+    def opts(auto: bool) -> Options:
+        return Options(2, 2, 3, [ParallelConfig.parse("pp2dp2")], ["python", "x.py"], placement="resilient",
+                       checkpoint_every=0, checkpoint_auto=auto)
+
+    assert Launcher(opts(True), LocalNodes(2, 3, node_gpus=(3, 1)), None).opts.checkpoint_every == 100
+    assert Launcher(opts(False), LocalNodes(2, 3, node_gpus=(3, 1)), None).opts.checkpoint_every == 0  # given: kept
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--gpus-per-node", "4,x"], "counts per node like 4,4,2,2"),
     (["--gpus-per-node", "4,0"], "at least 1 per node"),
