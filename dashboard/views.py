@@ -12,7 +12,7 @@ from dashboard import charts
 from dashboard.auth import audit
 from dashboard.deps import is_htmx, store
 from dashboard.survival import survival_of
-from db.exports import write_csv
+from db.exports import RANK_MAP_COLUMNS, rank_map_rows, write_csv
 from db.filters import MAX_LIMIT, parse_history_filters, parse_int
 from db.store import HISTORY_COLUMNS
 from db.vocab import JOB_STATES, MAX_NAME, MIGRATION_STATUSES, MIGRATION_TRIGGERS, SLA_TIERS
@@ -67,6 +67,22 @@ def job(job_id: int) -> str:
     return render_template("_job_panels.html" if is_htmx() else "job.html", **ctx)
 
 
+@bp.get("/jobs/<int:job_id>/rank-maps")
+def rank_maps(job_id: int) -> Response:
+    """Every epoch's rank map of a job (each rank's het-job component, node, GPU, pp/dp/tp), as JSON or
+    CSV: the same rows as `elastic history --rank-maps --job J`."""
+    fmt = request.args.get("format", "json")
+    if fmt not in ("csv", "json"):
+        abort(400, description=f"bad format {fmt[:40]!r}: expected csv or json")
+    if store().get_job(job_id) is None:
+        abort(404, description=f"no job {job_id}")
+    rows = rank_map_rows(store().rank_maps(job_id))
+    if fmt == "json":
+        return Response(json.dumps(rows, indent=2), mimetype="application/json")
+    return Response(_csv(rows, RANK_MAP_COLUMNS), mimetype="text/csv",
+                    headers={"Content-Disposition": f"attachment; filename=job-{job_id}-rank-maps.csv"})
+
+
 @bp.get("/migrations/<int:mid>")
 def migration(mid: int) -> str:
     m = store().get_migration(mid) or abort(404, description=f"no migration {mid}")
@@ -92,7 +108,7 @@ def history() -> Any:
     if fmt == "json":
         return Response(json.dumps(rows, indent=2), mimetype="application/json")
     if fmt == "csv":
-        return Response(_csv(rows), mimetype="text/csv",
+        return Response(_csv(rows, HISTORY_COLUMNS), mimetype="text/csv",
                         headers={"Content-Disposition": "attachment; filename=history.csv"})
     total = store().history_count(**filters.as_kwargs())
     ctx = {"rows": rows, "page": page, "pages": max(1, -(-total // PAGE_SIZE)), "total": total,
@@ -101,9 +117,9 @@ def history() -> Any:
     return render_template("_history_table.html" if is_htmx() else "history.html", **ctx)
 
 
-def _csv(rows: list[dict[str, Any]]) -> str:
+def _csv(rows: list[dict[str, Any]], columns) -> str:
     buf = io.StringIO()
-    write_csv(rows, HISTORY_COLUMNS, buf)
+    write_csv(rows, columns, buf)
     return buf.getvalue()
 
 

@@ -99,3 +99,20 @@ def test_recorded_heterogeneous_squeue_marks_each_component() -> None:
     assert [g.kind for g in by["n3"].gpus] == ["elastic", "elastic"] and by["n4"].gpus[1].rank == 7
     assert {n: v.components for n, v in by.items()} == {
         "n1": (("het-exp", 0),), "n2": (), "n3": (("het-exp", 1),), "n4": (("het-exp", 1),)}
+
+
+def test_rank_map_exports_name_each_ranks_component_node_and_gpu(viewer, anon, store) -> None:
+    job = seed_hetjob(store)  # pp2tp2dp3 packed: ranks 0-3 on a1, 4-7 on a2 (component 0), 8-9 b1, 10-11 b2 (1)
+    assert f'href="/jobs/{job}/rank-maps?format=csv"' in viewer.get(f"/jobs/{job}").text
+    rows = viewer.get(f"/jobs/{job}/rank-maps").get_json()
+    slots = [(name, gpu, comp) for name, gpus, comp in HET_NODES for gpu in range(gpus)]
+    assert [(r["virtual_rank"], r["node"], r["gpu"], r["component"]) for r in rows] == [
+        (rank, *slot) for rank, slot in enumerate(slots)]
+    assert [(r["pp"], r["dp"], r["tp"]) for r in rows][9] == (1, 1, 1)  # rank 9 = (1 * 3 + 1) * 2 + 1
+    csv = viewer.get(f"/jobs/{job}/rank-maps?format=csv")
+    lines = csv.text.splitlines()
+    assert csv.mimetype == "text/csv" and lines[0].startswith("job_id,epoch,layout,") and len(lines) == 13
+    assert lines[11].endswith(",10,1,b2,0,1,2,0")  # rank 10: component 1, b2 GPU 0, pp1 dp2 tp0
+    assert viewer.get(f"/jobs/{job}/rank-maps?format=xml").status_code == 400
+    assert viewer.get("/jobs/999/rank-maps").status_code == 404
+    assert anon.get(f"/jobs/{job}/rank-maps").status_code in (302, 401)
