@@ -58,12 +58,12 @@ def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str
         return refuse(why)
     if not spec or not spec.get("model"):
         return refuse("no launch spec recorded for this job (launched by an older launcher): no dry run")
-    devices = len(keep) * job.gpus_per_node
+    devices = sum(job.gpus_on(n) for n in keep)  # nodes may differ (uneven nodes)
     target = (spec.get("layouts") or {}).get(str(devices))
     if not target:
         return refuse(f"the job's policy has no layout for {devices} devices")
     topo = Topology(tuple(Device(i, n, g) for i, (n, g) in
-                          enumerate((n, g) for n in held for g in range(job.gpus_per_node))), frozenset(keep))
+                          enumerate((n, g) for n in held for g in range(job.gpus_on(n)))), frozenset(keep))
     index = {(d.node, d.gpu): d.id for d in topo.devices}
     try:
         prev = RankMap(ParallelConfig.parse(job.layout),

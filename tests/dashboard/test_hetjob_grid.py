@@ -116,3 +116,16 @@ def test_rank_map_exports_name_each_ranks_component_node_and_gpu(viewer, anon, s
     assert viewer.get(f"/jobs/{job}/rank-maps?format=xml").status_code == 400
     assert viewer.get("/jobs/999/rank-maps").status_code == 404
     assert anon.get(f"/jobs/{job}/rank-maps").status_code in (302, 401)
+
+
+def test_preempt_dry_run_counts_each_nodes_own_gpus() -> None:
+    """Preempting the 2-GPU node b2 of the 4,4,2,2 job leaves 4 + 4 + 2 = 10 devices (not 3 x 4): the dry
+    run asks the job's recorded policy for 10 and plans on nodes of their own sizes."""
+    from dashboard.preempt_preview import preview_job
+
+    job = ElasticJob(1, "het", None, "pp2tp2dp3", 4, "a1", 1, tuple(uneven_entries(2, 2, 3)),
+                     tuple(n for n, _, _ in HET_NODES), {n: g for n, g, _ in HET_NODES}, {n: c for n, _, c in HET_NODES})
+    spec = {"model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256}, "layouts": {"10": "pp1tp2dp5", "12": "pp2tp2dp3"}}
+    p = preview_job(job, spec, {"b2"}, lambda job, leaving: None)
+    assert (p.refused, p.keep, p.to_layout, p.nodes_released) == ("", ("a1", "a2", "b1"), "pp1tp2dp5", ("b2",))
+    assert p.bytes_moved and p.bytes_moved > 0
