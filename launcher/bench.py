@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from launcher import timeline
 from migrate.bench import PAPER_SCENARIOS, BenchConfig
 
 Progress = Callable[[str], None]
@@ -157,7 +158,7 @@ def _shutdown(la) -> None:
 
 
 def run_scenario(name: str, cfg: BenchConfig, workdir: Path, ceilings: dict[int, float], restart: bool,
-                 progress: Progress, timeout_s: float = 1200.0) -> dict:
+                 progress: Progress, timeout_s: float = 1200.0, explain: bool = False) -> dict:
     """One row of `elastic bench --json`; a failure is reported in the row, never raised."""
     from migrate.layout import ParallelConfig
 
@@ -167,7 +168,7 @@ def run_scenario(name: str, cfg: BenchConfig, workdir: Path, ceilings: dict[int,
     row: dict = {"scenario": name, "pause_s": None, "restart_pause_s": None, "speedup": None, "bytes_moved": None,
                  "peak_mem_ratio": None, "execute_gbps": None,
                  "ceiling_gbps": ceilings.get(max(prev.world_size, curr.world_size), 0.0) / 1e9,
-                 "bit_exact": None, "phases": None, "error": None}
+                 "bit_exact": None, "phases": None, "pause_breakdown": None, "error": None}
     deadline = time.monotonic() + timeout_s
     job = f"bench-{name}"
     workdir = workdir / name
@@ -182,11 +183,17 @@ def run_scenario(name: str, cfg: BenchConfig, workdir: Path, ceilings: dict[int,
         steady = _steady(la, deadline)
         la.opts.max_nodes = max(n_prev, n_curr)
         progress(f"[{name}] live resize {prev} -> {curr} ...")
+        old_devices = la.current.devices
         with PeakWatch(la) as watch:
             out = _resize(la, n_curr)
             # the launcher records the pause once the new layout committed its first step (launcher.pause)
             _wait(la, lambda: out.pause_s is not None, deadline, "the first step on the new layout")
         row["pause_s"] = out.pause_s
+        tl = timeline.read(la.ctl, out, old_devices, la.current.devices)
+        if tl is not None:
+            row["pause_breakdown"] = {k: round(v, 3) for k, v in tl.critical_path().items()}
+            if explain:
+                progress(f"[{name}] live " + timeline.explain(tl))
         row["bytes_moved"] = out.bytes_moved
         row["bit_exact"] = bool(out.bit_exact)
         row["phases"] = {k: round(v, 4) for k, v in out.phases.items()}
@@ -226,7 +233,8 @@ def run_scenario(name: str, cfg: BenchConfig, workdir: Path, ceilings: dict[int,
     return row
 
 
-def run_bench(names: list[str], cfg: BenchConfig, workdir: Path, restart: bool, progress: Progress) -> list[dict]:
+def run_bench(names: list[str], cfg: BenchConfig, workdir: Path, restart: bool, progress: Progress,
+              explain: bool = False) -> list[dict]:
     """Every scenario of `names`, in order; the loopback ceilings first (before any store thread)."""
     from migrate.bench import loopback_ceiling
     from migrate.layout import ParallelConfig
@@ -239,4 +247,4 @@ def run_bench(names: list[str], cfg: BenchConfig, workdir: Path, restart: bool, 
             ceilings[n] = loopback_ceiling(n)
         except Exception as exc:  # noqa: BLE001 -- reported as a zero ceiling, the scenarios still run
             progress(f"  ceiling with {n} processes failed: {exc}")
-    return [run_scenario(n, replace(cfg), workdir, ceilings, restart, progress) for n in names]
+    return [run_scenario(n, replace(cfg), workdir, ceilings, restart, progress, explain=explain) for n in names]

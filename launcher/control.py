@@ -30,6 +30,11 @@ survivors of a failure all hold the state of the same finished step.
 
 Each epoch runs in a fresh process-group world made from a `PrefixStore` on the same TCPStore:
 `m<e>` for the migration (old and new devices), `w<e>` for training on the new layout.
+
+Timeline (what a pause is made of, launcher.timeline): every Control keeps wall-time marks of what
+its worker did (`mark`; joining and forming a world, voting on and committing a step are marked
+here), which travel with the worker's result of an event (`set_result`), and stamps its vote and
+commit of the first step it commits in each training world on `tl/<world>/first/<dev>`.
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ ENV_FIRST_EVENT = "ELASTIC_FIRST_EVENT"  # first event this worker handles
 ENV_NODE = "ELASTIC_NODE"
 ENV_CKPT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where the job's checkpoints live (suspend and safety)
 ENV_CKPT_EVERY = "ELASTIC_CHECKPOINT_EVERY"  # safety checkpoint every N steps (0: never)
+POLL_MIN_S, POLL_MAX_S = 0.0005, 0.02  # how often a waiting voter looks for the decision: first, at most
 
 
 # -- checkpoint folders: DIR/step-<S> is complete (renamed when its write finished), DIR/.tmp-step-<S> is not
@@ -103,6 +109,9 @@ class Control:
         self.store = dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
                                    timeout=timedelta(seconds=timeout_s))
         self.port = self.store.port
+        self.device: int | None = None  # this worker's device, known once it joins a world
+        self.marks: dict[str, float] = {}  # name -> wall time (time.time()) of what this worker did
+        self._first_seen: set[str] = set()  # training worlds whose first commit this worker stamped
 
     @classmethod
     def from_env(cls, timeout_s: float = 300.0) -> "Control":
@@ -200,30 +209,43 @@ class Control:
         return int(self.store.get(key).decode()) if self.has(key) else None
 
     def set_result(self, epoch: int, device: int, result: dict) -> None:
-        self.set_json(f"ev/{epoch}/res/{device}", result)
+        """Report this participant's result of event `epoch`, with the marks of what it did so far
+        (`marks`, wall times; cleared once sent, the vote and commit of the last step are kept)."""
+        self.set_json(f"ev/{epoch}/res/{device}", {**result, "marks": dict(self.marks)})
+        self.marks = {k: v for k, v in self.marks.items() if k in ("voted", "committed")}
+
+    def mark(self, name: str, when: float | None = None) -> None:
+        """Note the wall time of `name` (now by default) for the timeline of the current event."""
+        self.marks[name] = time.time() if when is None else when
 
     def results(self, epoch: int, devices: Iterable[int]) -> dict[int, dict]:
         return self._many(f"ev/{epoch}/res/", devices)  # type: ignore[return-value]
 
     # -- all-or-nothing decisions (consistent cuts) ---------------------------------------------
-    def decide(self, key: str, n: int, abort_key: str | None = None, poll_s: float = 0.05,
+    def decide(self, key: str, n: int, abort_key: str | None = None, poll_s: float = POLL_MAX_S,
                on_commit: Callable[[], None] | None = None) -> bool:
         """Vote yes on decision `key` among `n` voters; True when all n voted yes (commit), False
         when somebody vetoed (`veto`) or `abort_key` appeared first. The outcome is the same for
         every voter: the last yes-voter and any vetoer race with one atomic compare-and-set.
-        `on_commit` runs once, on the voter whose yes committed the decision, right after it."""
+        `on_commit` runs once, on the voter whose yes committed the decision, right after it.
+
+        Waiting voters poll with `check` (tens of microseconds) at a growing interval up to `poll_s`,
+        never with a timed-out `TCPStore.wait`: measured with torch 2.13 on this machine, waiters
+        that time out and wait again in several processes at once saw a key seconds after it was set
+        (4 processes polling every 50 ms: 3.0 s; 16: 2.1 s, once never within 60 s), which made the
+        ranks of one layout leave a committed step seconds apart (`elastic bench --explain`)."""
         if self.store.add(f"{key}/n", 1) >= n:
             committed = self._settle(key, "go")
             if committed and on_commit is not None:
                 on_commit()
             return committed
-        while True:
-            try:
-                self.store.wait([key], timedelta(seconds=poll_s))
-                return self.store.get(key).decode() == "go"
-            except Exception:  # timed out: is the round being abandoned?
-                if abort_key is not None and self.has(abort_key):
-                    return self._settle(key, "no")
+        keys, sleep = [key], POLL_MIN_S
+        while not self.store.check(keys):
+            if abort_key is not None and self.store.check([abort_key]):
+                return self._settle(key, "no")
+            time.sleep(sleep)
+            sleep = min(sleep * 2, poll_s)
+        return self.store.get(key).decode() == "go"
 
     def commit_step(self, world: str, step: int, n: int) -> bool:
         """All-or-nothing commit of the step after `step` finished steps in training world `world`
@@ -235,7 +257,19 @@ class Control:
             self.store.compare_set(f"t/{world}/first", "", now)
             self.store.set(f"t/{world}/last", now)
 
-        return self.decide(f"c/{world}/{step}", n, f"abort/{world}", on_commit=stamp)
+        self.mark("voted")
+        ok = self.decide(f"c/{world}/{step}", n, f"abort/{world}", on_commit=stamp)
+        if ok:
+            self.mark("committed")
+            if world not in self._first_seen and self.device is not None:
+                self._first_seen.add(world)
+                self.set_json(f"tl/{world}/first/{self.device}", {"voted": self.marks["voted"],
+                                                                  "committed": self.marks["committed"]})
+        return ok
+
+    def first_step_marks(self, world: str, devices: Iterable[int]) -> dict[int, dict]:
+        """device -> {voted, committed}: when each worker voted on and saw the commit of its first step in `world`."""
+        return self._many(f"tl/{world}/first/", devices)  # type: ignore[return-value]
 
     def commit_times(self, world: str) -> tuple[float | None, float | None]:
         """(first, last) wall time (time.time()) a step of training world `world` committed, None if none yet."""
@@ -264,11 +298,15 @@ class Control:
         With `abort_key`, the members first meet on the store and WorldAborted is raised when the key
         appears before all of them arrived (a member died): gloo's own rendezvous would wait out
         `timeout_s` for it."""
+        self.device = device
+        self.mark(f"join {name}")
         if dist.is_initialized():
             dist.destroy_process_group()
         rank = members.index(device)
         if abort_key is not None and not self.decide(f"join/{name}", len(members), abort_key):
             raise WorldAborted(f"world {name}: a member did not arrive ({abort_key} set)")
+        self.mark(f"met {name}")
         dist.init_process_group("gloo", store=dist.PrefixStore(f"world/{name}/", self.store), rank=rank,
                                 world_size=len(members), timeout=timedelta(seconds=timeout_s))
+        self.mark(f"formed {name}")
         return rank

@@ -41,6 +41,8 @@ class Outcome:
     nodes_after: int = 0
     at_step: int | None = None
     pause_s: float | None = None  # set once the new layout committed its first step (launcher.pause)
+    marks: dict = field(default_factory=dict)  # device -> {mark: wall time} its worker reported (launcher.timeline)
+    worlds: tuple[str, str] | None = None  # (old, new) training world: the pause runs from one to the other
 
 
 class Transaction:
@@ -99,6 +101,7 @@ class Transaction:
         for name in ("build_groups", "execute", "rebuild", "other"):
             self.phases[name] = max((r["phases"].get(name, 0.0) for r in results.values()), default=0.0)
         self.out.phases = self.phases
+        self.out.marks = {d: r.get("marks", {}) for d, r in results.items()}
         bad = [r["error"] for r in results.values() if not r["ok"]]
         if bad:  # vetoed: every participant kept its old state
             msg = "migration aborted, old layout kept: " + bad[0]
@@ -176,6 +179,7 @@ class Transaction:
         """The new layout trains; the departing workers exit."""
         job = self.job
         job.pauses.add(self.out.migration_id, job.world, f"w{e}", self.out)
+        self.out.worlds = (job.world, f"w{e}")
         job.current, job.world = p.curr, f"w{e}"
         job.db.record_rank_map(job.job_id, job.epoch_base + e, self.out.to_layout, job.entries(p.curr))
         job.record_survival()

@@ -323,6 +323,7 @@ class Worker:
         if self.device not in participants:
             return self.device not in ev["exit_ok"]
         t0 = time.perf_counter()
+        self.ctl.mark("boundary")
         p = MigrationPlan.from_dict(ev["plan"])
         state = self.trainer.export_state() if self.trainer is not None else self.kept
         if self.device in p.failed:
@@ -343,11 +344,13 @@ class Worker:
             hook = (lambda r: self._die("round", r)) if self.fault and self.fault[0] == "round" else None
             res = execute(p, self.device, state, world_rank={d: i for i, d in enumerate(participants)}, on_round=hook,
                           release_early=bool(ev.get("release_early")), targets=targets)
+            self.ctl.mark("moved")
             self._die("commit")
             if not self.ctl.decide(f"ev/{e}/commit", len(participants)):
                 raise MigrationError(f"device {self.device}: another participant failed or the launcher vetoed "
                                      "the commit; old layout kept")
             self._die("committed")
+            self.ctl.mark("agreed")
             t2 = time.perf_counter()
             new_devices = list(p.curr.devices)
             result["units_verified"] = res.units_verified
@@ -364,6 +367,7 @@ class Worker:
             elif dist.is_initialized():
                 dist.destroy_process_group()
             t3 = time.perf_counter()
+            self.ctl.mark("built")
             result.update(ok=True, step=new_state.step if new_state else None, phases={
                 "build_groups": (t1 - t0) + groups_s, "execute": res.phases.get("execute", t2 - t1),
                 "other": res.phases.get("other", 0.0), "rebuild": (t3 - t2) - groups_s})
@@ -415,6 +419,7 @@ class Worker:
             return self.handle(self.ctl.wait_event(self.epoch))
         ev = self.ctl.event(self.epoch)
         if ev is not None:
+            self.ctl.mark("event seen")
             if not ev.get("urgent"):
                 at = self.ctl.agree_at(self.epoch, self.trainer.step_no)
                 self._prepare(ev)  # while the old layout still trains, outside the pause

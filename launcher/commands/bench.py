@@ -28,6 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", type=Path, default=None,
                    help="worker logs, the bench database and checkpoints (default: a temporary folder, removed)")
     p.add_argument("--json", action="store_true", help="print one JSON list at the end, one object per scenario")
+    p.add_argument("--explain", action="store_true",
+                   help="print where each live pause went: every worker's marks from the old layout's last "
+                        "committed step to the new one's first, and the critical path (also in --json as "
+                        "pause_breakdown)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
              f"estimated peak {need / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB allowed (3/4 of what is available). "
              "Every device is a worker process on this machine.")
     if args.workdir is not None:
-        rows = run_bench(names, cfg, args.workdir.resolve(), not args.no_baselines, progress)
+        rows = run_bench(names, cfg, args.workdir.resolve(), not args.no_baselines, progress, args.explain)
     else:
         with tempfile.TemporaryDirectory(prefix="elastic-bench-") as d:
-            rows = run_bench(names, cfg, Path(d), not args.no_baselines, progress)
+            rows = run_bench(names, cfg, Path(d), not args.no_baselines, progress, args.explain)
     for r in rows:
         if r["error"]:
             progress(f"[{r['scenario']}] ERROR {r['error']}")
