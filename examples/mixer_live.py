@@ -4,7 +4,7 @@ moved between the running workers when elastic-launch resizes the job (no step l
     elastic-launch --backend local --nnodes 1:2 --gpus-per-node 2 --layouts tp2dp2,tp2dp1 -- \\
         python examples/mixer_live.py --steps 40 --log /tmp/mixer.log
 
-Everything elastic is in the five lines marked `# elastic`; the rest is an ordinary training loop.
+Everything elastic is in the lines marked `# elastic`; the rest is an ordinary training loop.
 """
 from __future__ import annotations
 
@@ -96,29 +96,34 @@ def main() -> None:
                        optimizer=lambda params: torch.optim.Adam(params, lr=1e-2),
                        state={"data": data})
     while job.next_step(until=args.steps):  # elastic: migrations happen here, between steps
-        lay = job.layout
-        if args.dump_dir:
-            state = full_state(job)
-            if lay.rank == 0:
-                torch.save(state, args.dump_dir / f"before-{job.step}.pt")
-        x, y = batch(job.step, args.global_batch, lay.dp_rank, lay.dp)
-        loss = nn.functional.mse_loss(job.model(x), y)
-        job.optimizer.zero_grad()
-        loss.backward()
-        job.reduce_gradients()  # elastic: DP gradient mean
-        job.optimizer.step()
-        data.samples += args.global_batch
-        if args.dump_dir:
-            state = full_state(job)
-            if lay.rank == 0:
-                torch.save(state, args.dump_dir / f"after-{job.step}.pt")
-        if lay.rank == 0 and args.log:
-            with open(args.log, "a") as f:
-                f.write(f"{job.step} {loss.item():.6f} {lay.name} {data.samples}\n")
+        with job.guard():  # elastic: a step another worker's death broke is abandoned, the job recovers
+            train_step(job, data, args)
         if args.step_sleep:
             import time
 
             time.sleep(args.step_sleep)
+
+
+def train_step(job, data: DataPosition, args) -> None:
+    lay = job.layout
+    if args.dump_dir:
+        state = full_state(job)
+        if lay.rank == 0:
+            torch.save(state, args.dump_dir / f"before-{job.step}.pt")
+    x, y = batch(job.step, args.global_batch, lay.dp_rank, lay.dp)
+    loss = nn.functional.mse_loss(job.model(x), y)
+    job.optimizer.zero_grad()
+    loss.backward()
+    job.reduce_gradients()  # elastic: DP gradient mean
+    job.optimizer.step()  # applied by every rank or by none
+    data.samples += args.global_batch
+    if args.dump_dir:
+        state = full_state(job)
+        if lay.rank == 0:
+            torch.save(state, args.dump_dir / f"after-{job.step}.pt")
+    if lay.rank == 0 and args.log:
+        with open(args.log, "a") as f:
+            f.write(f"{job.step} {loss.item():.6f} {lay.name} {data.samples}\n")
 
 
 if __name__ == "__main__":

@@ -286,6 +286,7 @@ class Launcher:
                              self.opts.master_port, server=True)
         self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port}; {self.backend.describe()}")
         self.request = StartRequest.for_job(self.opts, self.db.url, self.ctl.port)
+        self.ctl.set_json(C.KEY_TP_SIZES, sorted({c.tp for c in self.opts.layouts} | {1}))
         nodes = self.alloc[:self.opts.max_nodes]
         mode = self.opts.mode
         if mode == "auto" and (self.opts.model is not None or self.opts.resume
@@ -367,8 +368,12 @@ class Launcher:
         from migrate.topology import RankMap, Topology
 
         devices = tuple(d for n in nodes for d in self.node_devices(n))[:layout.world_size]
-        if self.opts.placement == "packed" or layout.dp < 2 or self.generic:  # the planner knows the GPT only
+        if self.opts.placement == "packed" or layout.dp < 2:
             return devices
+        if self.generic:  # the workers' state manifests are the byte workload
+            from launcher import runtime_moves
+
+            return runtime_moves.placement(self, layout, RankMap(layout, devices), nodes)
         p = plan(self.model, RankMap(layout, devices), layout, Topology(self.topology.devices, frozenset(nodes)),
                  placement="resilient")
         return p.curr.devices
@@ -382,7 +387,7 @@ class Launcher:
         if self.generic:
             from launcher import runtime_moves
 
-            return runtime_moves.move(self, target, trigger)
+            return runtime_moves.move(self, target, trigger, failed, ready_timeout, note)
         return Transaction(self, trigger).move(target, failed, ready_timeout, note)
 
     def shrink_to(self, n: int, trigger: str) -> Outcome:
@@ -467,10 +472,6 @@ class Launcher:
     def on_failure(self, dead: dict[int, int]) -> Outcome:
         """Workers died: re-plan from the surviving replicas. A worker's death fails its device; the
         whole node fails only when it is gone (every worker of it ended: its step ended)."""
-        if self.generic:
-            return Transaction(self, "failure").refuse(
-                f"workers {sorted(dead)} died (exit codes {sorted(set(dead.values()))}); {self.log_hint(dead)}; "
-                "live mode through launcher.runtime does not recover from a worker failure yet")
         self.log(f"workers {sorted(dead)} died (exit codes {sorted(set(dead.values()))})")
         hit = sorted({self.topology.devices[d].node for d in dead})
         gone = [n for n in hit if n not in self.handles or self.handles[n].all_exited()]
@@ -523,8 +524,8 @@ class Launcher:
     def suspend(self, trigger: str) -> Outcome:
         """The last devices must go: every training worker writes its part of the state at one agreed step
         boundary into the checkpoint folder, then all exit; the job is recorded as suspended there."""
-        if self.restarts is not None or self.generic:
-            return Transaction(self, trigger).decline("suspend needs the reference worker's checkpoints; in "
+        if self.restarts is not None:
+            return Transaction(self, trigger).decline("suspend needs the job's own checkpoints; in "
                                                       "restart mode the program keeps its own (stop the job instead)")
         from launcher.resume import suspend
 

@@ -15,10 +15,11 @@ runs its own step; at every step boundary it hands control to the runtime:
         state={"data": loader},                          # anything with state_dict/load_state_dict
     )
     while job.next_step(until=100):                      # the step boundary: migrations happen here
-        loss = job.model(batch(job.step, job.layout)).sum()
-        job.optimizer.zero_grad(); loss.backward()
-        job.reduce_gradients()                           # DP all-reduce (mean)
-        job.optimizer.step()
+        with job.guard():                                # a step another worker's death broke is abandoned
+            loss = job.model(batch(job.step, job.layout)).sum()
+            job.optimizer.zero_grad(); loss.backward()
+            job.reduce_gradients()                       # DP all-reduce (mean)
+            job.optimizer.step()                         # applied by every rank or by none
 
 `job.layout` says where this process stands: `tp`, `dp` (and their ranks), `rank`, `world_size`,
 `mesh` (a (dp, tp) DeviceMesh), `tp_mesh`, `dp_group`. The state that moves is the torch-native
@@ -27,12 +28,25 @@ optimizer's per-parameter state, and every object in `state` (its `state_dict()`
 position, an LR scheduler, an RNG). The manifest of a layout no process holds yet comes from
 building the model on the meta device (migrate.manifest.plan_manifest).
 
+Failures: every `optimizer.step()` commits all-or-nothing across the training world (a pre-step hook
+votes, launcher.runtime_faults). When a worker dies, the survivors' step fails inside `job.guard()`,
+which abandons it (state, step count and registered objects stay those of the last committed step);
+the launcher then moves the job onto the survivors from the DP replicas left (migrate.reshard takes
+every piece from a surviving holder), or, when no replica covers the lost state, restarts it from
+the job's safety checkpoint ($ELASTIC_CHECKPOINT_EVERY; launcher.runtime_ckpt: DCP of the state
+dicts). Without `job.guard()` the survivors end too, and only the checkpoint can recover the job.
+Suspend (`elastic suspend`, USR1 with --on-signal suspend) writes that checkpoint at one step
+boundary and ends the workers; `elastic-launch --resume` goes on from it on any layout.
+
 A program that never calls `runtime.join(...)` runs in RESTART mode (torchrun's contract; see the
 README). One that calls it but never reaches `job.next_step()` is named by the launcher.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import io
+import json
 import os
 import socket
 import sys
@@ -41,6 +55,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from launcher import control as C
+from launcher import runtime_ckpt, runtime_faults
+from launcher.sockets import cut_collective_sockets
 
 #: what the launcher names when a joined worker never reaches the step boundary
 STEP_CALL = "job.next_step()"
@@ -103,30 +119,55 @@ class Job:
         self.devices: list[int] = []
         self._at: int | None = None
         self.migrations = 0
+        self.world: str | None = None  # the training world (launcher.control: w<event>)
+        self.broken = False  # a step failed because a peer did: wait for the launcher's recovery event
+        self._committed = 0  # the last step whose optimizer update committed (launcher.runtime_faults)
+        self._snap: dict = {}  # the registered objects' state at the last step boundary
+        self._kept: dict | None = None  # state held while no model is built (a migration that did not commit)
+        self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
+        self.ckpt_every = int(os.environ.get(C.ENV_CKPT_EVERY, "0") or 0) if self.ckpt_dir else 0
+        self._saved = -1  # the last step a safety checkpoint was written at
+
+    def log(self, msg: str) -> None:
+        print(f"[runtime dev{self.device} ev{self.epoch}] {msg}", file=sys.stderr, flush=True)
 
     # -- the step boundary ------------------------------------------------------------------------
     def next_step(self, until: int | None = None) -> bool:
         """Call before every step: publishes progress, applies a migration or stop that is due here.
         True: run step `job.step + 1` now; False: the job is over for this worker (exit)."""
         while True:
-            if self.model is not None:
-                self.ctl.set_step(self.device, self.step)
-            ev = self.ctl.event(self.epoch) if self.model is not None else self.ctl.wait_event(self.epoch)
-            if ev is not None and self.model is not None and self._at is None and not ev.get("urgent"):
+            live = self.model is not None and not self.broken
+            if live:
+                self._boundary()
+                live = not self.broken
+            ev = self.ctl.event(self.epoch) if live else self.ctl.wait_event(self.epoch)
+            if ev is not None and live and self._at is None and not ev.get("urgent"):
                 self._at = self.ctl.agree_at(self.epoch, self.step)
-            if ev is not None and (self.model is None or self._at is None or self.step >= self._at):
+            if ev is not None and (not live or self._at is None or self.step >= self._at):
                 self._at = None
                 if not self._handle(ev):
                     self._leave()
                     return False
                 continue
-            if self.model is None:
+            if not live:
                 continue
             if until is not None and self.step >= until:
                 self._leave()
                 return False
             self.step += 1
             return True
+
+    @contextlib.contextmanager
+    def guard(self):
+        """Wrap each step's body in it: when another worker dies during the step, the step is abandoned
+        here (this worker keeps the state of the last committed step, see launcher.runtime_faults)
+        and the next `next_step()` waits for the launcher to recover the job. Any other error is raised."""
+        try:
+            yield
+        except Exception as exc:
+            if self.model is None or not runtime_faults.is_peer_failure(exc, self.ctl, self.world):
+                raise
+            self._abandon(exc)
 
     def reduce_gradients(self) -> None:
         """Average the gradients over the DP replicas (call after backward, before optimizer.step)."""
@@ -140,36 +181,153 @@ class Job:
                 dist.all_reduce(g, group=self.layout.dp_group)
                 g.div_(self.layout.dp)
 
+    # -- consistent cuts and safety checkpoints -----------------------------------------------------
+    def _boundary(self) -> None:
+        """Between two steps: the heartbeat, the registered objects' state (to take back if the next step
+        fails), and a safety checkpoint when one is due."""
+        self.ctl.set_step(self.device, self.step)
+        self._snap = self._extras_state()
+        if self.ckpt_every and self.step and self.step % self.ckpt_every == 0 and self._saved != self.step:
+            self._saved = self.step
+            with self.guard():
+                path = runtime_ckpt.save(self.ckpt_dir, self.model, self.optimizer, self.extras, self.step,
+                                         self.layout.rank)
+                if self.layout.rank == 0:
+                    self.log(f"safety checkpoint {path}")
+
+    def _vote(self) -> None:
+        """The optimizer's pre-step hook: apply this step only if every rank of the world does."""
+        if self._committed == self.step:
+            return  # a second optimizer.step() in the same step
+        if not self.ctl.commit_step(self.world, self.step - 1, self.layout.world_size):
+            raise runtime_faults.StepAborted(f"step {self.step} abandoned: a worker of {self.world} failed")
+        self._committed = self.step
+        if self.layout.rank == 0 and self.step > 1:  # everybody is past the previous vote: drop its keys
+            for key in (f"c/{self.world}/{self.step - 2}", f"c/{self.world}/{self.step - 2}/n"):
+                self.ctl.store.delete_key(key)
+
+    def _abandon(self, exc: BaseException) -> None:
+        """A peer failed this step: fail every peer still waiting on us, keep the last committed state."""
+        self.log(f"step {self.step} failed ({type(exc).__name__}: {str(exc)[:200]}); state kept at step "
+                 f"{self._committed}, waiting for recovery")
+        self.broken = True
+        try:
+            self.ctl.abort_world(self.world)
+        except Exception:
+            pass
+        cut_collective_sockets(self.ctl.port)
+        if self.step != self._committed:  # the update was not applied: back to the boundary before it
+            self.step = self._committed
+            for k, obj in self.extras.items():
+                obj.load_state_dict(self._snap[k])
+
+    def _extras_state(self) -> dict:
+        return {k: copy.deepcopy(v.state_dict()) for k, v in self.extras.items()}
+
     # -- events -----------------------------------------------------------------------------------
     def _handle(self, ev: dict) -> bool:
         kind = ev["kind"]
         self.epoch = ev["epoch"] + 1
-        if kind == "stop":
-            return False
-        if kind == "start":
-            if self.device not in ev["devices"]:
-                return True  # standby until a migration brings this device in
-            self._enter(ev["layout"], ev["devices"], f"w{ev['epoch']}", None)
+        try:
+            if kind == "stop":
+                return False
+            if kind == "start":
+                return self._start(ev)
+            if kind == "reshard":
+                return self._reshard(ev)
+            if kind == "resume":  # a migration did not commit: train on the old layout again
+                return self._resume(ev)
+            if kind == "suspend":
+                return self._suspend(ev)
+            if kind == "exit":
+                return self.device not in ev["devices"]
+        except C.WorldAborted as exc:  # a member died before the world formed: the launcher recovers
+            self.log(f"{exc}; waiting for recovery")
             return True
-        if kind == "reshard":
-            return self._reshard(ev)
-        if kind == "exit":
-            return self.device not in ev["devices"]
         raise RuntimeError(f"event {kind!r} is not supported in live mode by launcher.runtime")
 
+    def _start(self, ev: dict) -> bool:
+        if self.device not in ev["devices"]:
+            return True  # standby until a migration brings this device in
+        self._enter(ev["layout"], ev["devices"], f"w{ev['epoch']}", None)
+        path = ev.get("checkpoint")
+        if path:
+            t0 = time.perf_counter()
+            try:
+                self.step = self._committed = self._saved = runtime_ckpt.load(path, self.model, self.optimizer,
+                                                                               self.extras)
+            except Exception as exc:
+                self.ctl.set_result(ev["epoch"], self.device, {"ok": False, "error": f"device {self.device}: "
+                                    f"loading {path} failed: {type(exc).__name__}: {exc}", "phases": {}})
+                raise
+            self.ctl.set_result(ev["epoch"], self.device, {"ok": True, "step": self.step,
+                                                           "phases": {"rebuild": time.perf_counter() - t0}})
+            self.log(f"training as rank {self.layout.rank} of {self.layout.name} from {path} at step {self.step}")
+        return True
+
+    def _resume(self, ev: dict) -> bool:
+        if self.device not in ev["devices"]:
+            return True
+        held = self._release()
+        self.step = held["step"]
+        for k, obj in self.extras.items():
+            obj.load_state_dict(held["extras"][k])
+        self._enter(ev["layout"], ev["devices"], f"w{ev['epoch']}", held["local"])
+        self.log(f"resumed as rank {self.layout.rank} of {self.layout.name} at step {self.step}")
+        return True
+
+    def _suspend(self, ev: dict) -> bool:
+        """Write the state once at the agreed boundary (every training rank its part), then end."""
+        if self.model is None or self.broken or self.device not in self.devices:
+            return False
+        result: dict = {"ok": False, "step": self.step, "phases": {}}
+        t0 = time.perf_counter()
+        try:
+            if not self.ckpt_dir:
+                raise RuntimeError(f"${C.ENV_CKPT_DIR} is unset")
+            path = runtime_ckpt.save(self.ckpt_dir, self.model, self.optimizer, self.extras, self.step,
+                                     self.layout.rank)
+            result.update(ok=True, path=path, phases={"other": time.perf_counter() - t0})
+            self.log(f"suspended: state of step {self.step} written to {path}")
+        except Exception as exc:
+            result["error"] = f"device {self.device}: checkpoint of step {self.step} failed: {type(exc).__name__}: {exc}"
+            self.log(result["error"])
+        self.ctl.set_result(ev["epoch"], self.device, result)  # the launcher reads the folder once all reported
+        return False
+
     def _enter(self, layout: str, devices: list[int], world: str, local: dict | None) -> None:
-        """Join the layout's world, build model and optimizer there, fill them with `local` if given."""
+        """Join the layout's world, build model and optimizer there, fill them with `local` if given.
+        WorldAborted when a member died first: `local` is kept for the recovery."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        rank = self.ctl.join_world(world, devices, self.device, 120.0)
+        try:
+            rank = self.ctl.join_world(world, devices, self.device, 120.0, abort_key=f"abort/{world}")
+        except C.WorldAborted:
+            self.model = self.optimizer = None
+            self._kept = None if local is None else {"local": local, "step": self.step,
+                                                     "extras": self._extras_state()}
+            raise
         _forget_old_meshes()
         lay = parse_layout(layout, rank, len(devices))
         lay.mesh = init_device_mesh("cpu", (lay.dp, lay.tp), mesh_dim_names=("dp", "tp"))
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(len(devices)), "ELASTIC_LAYOUT": lay.name})
         self.model, self.optimizer = self._build(lay)
-        self.layout, self.devices = lay, list(devices)
+        self.layout, self.devices, self.world = lay, list(devices), world
         if local is not None:
             _load_local(self.model, self.optimizer, local)
+        runtime_faults.install_commit(self.optimizer, self._vote)
+        self.broken, self._kept, self._committed, self._saved = False, None, self.step, self.step
+
+    def _release(self) -> dict | None:
+        """Drop model and optimizer; returns the state they (or a kept copy) held: local tensors, step, objects."""
+        if self.model is not None:
+            held = {"local": _export_local(self.model, self.optimizer), "step": self.step,
+                    "extras": self._extras_state()}
+        else:
+            held = self._kept
+        self.model = self.optimizer = None
+        self._kept = None
+        return held
 
     def _build(self, lay: Layout):
         import torch
@@ -195,24 +353,24 @@ class Job:
                     _local(v).zero_()
         return module, opt
 
-    def _manifests(self, layout: str) -> list:
-        """Per-rank manifests of `layout`, built on the meta device (no process needs to hold it)."""
+    def _class_manifests(self, tp: int) -> list:
+        """The manifest of each TP rank of a layout with `tp`, built on the meta device (DP replicas hold the same)."""
         from migrate.manifest import meta_module, plan_manifest
 
-        lay = parse_layout(layout, 0, 0)
         kind = _optimizer_kind(self._build_opt)
-        out, cache = [], {}
-        for r in range(lay.tp * lay.dp):
-            t = r % lay.tp
-            if t not in cache:
-                meta = meta_module(self._build_model, parse_layout(layout, r, lay.tp * lay.dp))
-                cache[t] = plan_manifest(meta, self.tp_plan, lay.tp, t, kind)
-            out.append(cache[t])
-        return out
+        return [plan_manifest(meta_module(self._build_model, Layout(tp, 1, t, tp)), self.tp_plan, tp, t, kind)
+                for t in range(tp)]
+
+    def _manifests(self, layout: str) -> list:
+        """Per-rank manifests of `layout` (no process needs to hold it)."""
+        lay = parse_layout(layout, 0, 0)
+        classes = self._class_manifests(lay.tp)
+        return [classes[r % lay.tp] for r in range(lay.tp * lay.dp)]
 
     def _reshard(self, ev: dict) -> bool:
-        import torch.distributed as dist
-
+        """Move the state from the old layout to the new one (migrate.reshard, by manifest); commits
+        all-or-nothing (`ev/<e>/commit`). A recovery (`failed` devices) takes every piece from a survivor."""
+        from migrate.manifest import Manifest
         from migrate.reshard import execute, plan_transfers
 
         e, parts = ev["epoch"], ev["participants"]
@@ -220,39 +378,63 @@ class Job:
         if self.device not in parts:
             return self.device not in ev.get("exit_ok", [])
         t0 = time.perf_counter()
-        old_rank = prev["devices"].index(self.device) if self.device in prev["devices"] else None
+        failed = set(ev.get("failed", []))
+        alive = [r for r, d in enumerate(prev["devices"]) if d not in failed]
+        old_rank = prev["devices"].index(self.device) if self.device in prev["devices"] and self.device not in failed \
+            else None
         new_rank = curr["devices"].index(self.device) if self.device in curr["devices"] else None
-        local = {}
+        held = self._release()
         if old_rank is not None:
-            local = _export_local(self.model, self.optimizer)
-            self.ctl.store.set(f"ev/{e}/extra/{old_rank}", _dumps({k: v.state_dict() for k, v in self.extras.items()}))
-            self.ctl.store.set(f"ev/{e}/step/{old_rank}", str(self.step))
-        self.model = self.optimizer = None
-        old_ms, new_ms = self._manifests(prev["layout"]), self._manifests(curr["layout"])
-        same = {r: prev["devices"].index(d) for r, d in enumerate(curr["devices"]) if d in prev["devices"]}
+            if held is None:
+                raise RuntimeError(f"device {self.device}: old rank {old_rank} of event {e} holds no state")
+            self.ctl.store.set(f"ev/{e}/extra/{old_rank}", _dumps(held["extras"]))
+            self.ctl.store.set(f"ev/{e}/step/{old_rank}", str(held["step"]))
+        old_ms = [m if r in alive else Manifest(()) for r, m in enumerate(self._manifests(prev["layout"]))]
+        new_ms = self._manifests(curr["layout"])
+        same = {r: prev["devices"].index(d) for r, d in enumerate(curr["devices"])
+                if d in prev["devices"] and d not in failed}
         transfers = plan_transfers(old_ms, new_ms, same)
-        self.ctl.join_world(f"m{e}", parts, self.device, 120.0)
-        t1 = time.perf_counter()
-        procs_old = [parts.index(d) for d in prev["devices"]]
-        procs_new = [parts.index(d) for d in curr["devices"]]
-        result = execute(transfers, old_rank, new_rank, local, old_ms[old_rank] if old_rank is not None else None,
-                         new_ms[new_rank] if new_rank is not None else None, procs_old, procs_new)
+        try:
+            self.ctl.join_world(f"m{e}", parts, self.device, 120.0, abort_key=f"ev/{e}/commit")
+            t1 = time.perf_counter()
+            procs_old = [parts.index(d) if r in alive else -1 for r, d in enumerate(prev["devices"])]
+            procs_new = [parts.index(d) for d in curr["devices"]]
+            result = execute(transfers, old_rank, new_rank, held["local"] if old_rank is not None else {},
+                             old_ms[old_rank] if old_rank is not None else None,
+                             new_ms[new_rank] if new_rank is not None else None, procs_old, procs_new)
+            if not self.ctl.decide(f"ev/{e}/commit", len(parts)):
+                raise runtime_faults.StepAborted("another participant failed or the launcher vetoed the commit")
+        except Exception as exc:  # nothing committed: every participant keeps its old state
+            self.ctl.veto(f"ev/{e}/commit")
+            cut_collective_sockets(self.ctl.port)  # peers still in a transfer with us fail now
+            self._kept = held if old_rank is not None else None
+            msg = f"device {self.device}: migration failed ({type(exc).__name__}: {str(exc)[:200]}); old layout kept"
+            self.log(msg)
+            self.ctl.set_result(e, self.device, {"ok": False, "error": msg, "phases": {}})
+            return self.device not in ev.get("exit_fail", [])
         moved = sum((t.hi - t.lo) * new_ms[t.dst].by_fqn()[t.fqn].row_bytes if t.dim is not None
                     else new_ms[t.dst].by_fqn()[t.fqn].nbytes for t in transfers if same.get(t.dst) != t.src)
         t2 = time.perf_counter()
         if new_rank is None:
+            import torch.distributed as dist
+
             dist.destroy_process_group()
             self.ctl.set_result(e, self.device, {"ok": True, "step": None, "bytes_moved": moved,
                                                  "phases": {"execute": t2 - t1}})
-            return False
-        src = same.get(new_rank, 0)
+            return self.device not in ev.get("exit_ok", [])  # on a node that stays: standby
+        src = same.get(new_rank, alive[0])
         extras = _loads(self.ctl.store.get(f"ev/{e}/extra/{src}"))
         self.step = int(self.ctl.store.get(f"ev/{e}/step/{src}").decode())
         for k, obj in self.extras.items():
             obj.load_state_dict(extras[k])
-        self._enter(curr["layout"], curr["devices"], f"w{e}", result)
+        report = {"ok": True, "step": self.step, "bytes_moved": moved}
+        try:
+            self._enter(curr["layout"], curr["devices"], f"w{e}", result)
+        except C.WorldAborted:  # committed, but a new-layout peer died before training: the launcher recovers
+            self.ctl.set_result(e, self.device, {**report, "phases": {"execute": t2 - t1}})
+            raise
         self.migrations += 1
-        self.ctl.set_result(e, self.device, {"ok": True, "step": self.step, "bytes_moved": moved, "phases": {
+        self.ctl.set_result(e, self.device, {**report, "phases": {
             "build_groups": t1 - t0, "execute": t2 - t1, "rebuild": time.perf_counter() - t2}})
         return True
 
@@ -347,10 +529,15 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
     ctl = C.Control.from_env()
     ctl.hello(device)
     job = Job(ctl, device, model, tp_plan, optimizer, state or {})
-    spec = {"kind": "generic", "tp_plan": sorted(job.tp_plan)}
+    # the launcher places ranks with the ETC planner over these, for every TP size it may choose
+    tps = ctl.get_json(C.KEY_TP_SIZES) if ctl.has(C.KEY_TP_SIZES) else [1]
+    spec = {"kind": "generic", "tp_plan": sorted(job.tp_plan),
+            "manifests": {str(tp): [m.to_list() for m in job._class_manifests(tp)] for tp in tps}}
+    spec = json.loads(json.dumps(spec, sort_keys=True))
     agreed = ctl.offer_model(spec)
     if agreed != spec:
-        print(f"runtime: this worker's model {spec} differs from the job's {agreed}", file=sys.stderr)
+        print(f"runtime: this worker's model {spec['tp_plan']} differs from the job's {agreed.get('tp_plan')} "
+              "(or its state manifests do)", file=sys.stderr)
         raise SystemExit(2)
     ctl.set_ready(device, {"pid": os.getpid(), "host": socket.gethostname(), "api": "runtime"})
     return job

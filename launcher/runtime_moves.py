@@ -4,8 +4,11 @@ Such a model is known to the launcher only as "generic": the workers plan and mo
 themselves from per-rank manifests built on the meta device (migrate.manifest, migrate.reshard).
 The launcher picks the layout and devices, starts workers on new nodes, posts one `reshard` event
 that applies at an agreed step boundary, waits for every participant, records the rank map and
-the migration, and gives the nodes that left back. Worker failure recovery and suspend are the
-reference worker's (launcher.worker) only for now.
+the migration, and gives the nodes that left back. Ranks are placed by the ETC planner
+(migrate.plan.place) over the byte cost of the workers' state manifests. A worker's death is
+recovered from like the reference worker's (launcher.loop.on_failure): an urgent `reshard` that
+names the failed devices when the DP replicas left cover the state (checked here, purely, with
+migrate.reshard.plan_transfers), else a restore from the job's safety checkpoint.
 """
 from __future__ import annotations
 
@@ -31,55 +34,111 @@ def choose(la: "Launcher", devices: int):
     return choose_layout(devices, la.gpn, allowed, None)
 
 
-def move(la: "Launcher", target: list[str], trigger: str):
-    """Move the job onto the nodes `target` with the next layout; one recorded Outcome."""
-    from launcher.transaction import MigrationFailed, Outcome
+def class_manifests(la: "Launcher", tp: int) -> list:
+    """The manifest of each TP rank of a layout with `tp`, as the workers offered them (launcher.runtime.join)."""
     from migrate.layout import LayoutError
+    from migrate.manifest import Manifest
+
+    spec = la.ctl.model() or {}
+    got = spec.get("manifests", {}).get(str(tp))
+    if got is None:
+        raise LayoutError(f"the workers offered no state manifests for tp{tp}")
+    return [Manifest.from_list(m) for m in got]
+
+
+def rank_manifests(la: "Launcher", layout) -> list:
+    """One manifest per rank of `layout` (DP replicas hold their TP rank's)."""
+    classes = class_manifests(la, layout.tp)
+    return [classes[r % layout.tp] for r in range(layout.world_size)]
+
+
+def placement(la: "Launcher", layout, prev, target: list[str], failed=frozenset(), unusable=frozenset()):
+    """Where the ranks of `layout` go on the nodes `target`: the ETC placement (migrate.plan.place) over the
+    byte cost of the state manifests (migrate.manifest.class_cost), with --placement's rule."""
+    from migrate.manifest import Manifest, class_cost
+    from migrate.plan import place
+    from migrate.topology import Topology
+
+    cost = class_cost(class_manifests(la, layout.tp), class_manifests(la, prev.layout.tp) + [Manifest(())])
+    outside = {d.id for d in la.topology.devices if d.node not in set(target)}
+    placed = place(layout, cost, prev, Topology(la.topology.devices, frozenset(target)), frozenset(failed), True,
+                   la.opts.placement, frozenset((set(unusable) | outside) - set(failed)))
+    return placed.devices
+
+
+def check_covered(la: "Launcher", old, new, failed) -> None:
+    """ManifestError when some piece of the new layout's state has no surviving holder (pure)."""
+    from migrate.manifest import Manifest
+    from migrate.reshard import plan_transfers
+
+    old_ms = [Manifest(()) if d in set(failed) else m for d, m in zip(old.devices, rank_manifests(la, old.layout))]
+    same = {r: old.devices.index(d) for r, d in enumerate(new.devices) if d in old.devices and d not in set(failed)}
+    plan_transfers(old_ms, rank_manifests(la, new.layout), same)
+
+
+def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeout: float | None = None,
+         note: str = ""):
+    """Move the job onto the nodes `target` with the next layout (a recovery when `failed` devices died:
+    urgent, every piece from a survivor); one recorded Outcome."""
+    from launcher.transaction import MigrationFailed, Outcome, Transaction
+    from migrate.layout import LayoutError
+    from migrate.manifest import ManifestError
     from migrate.topology import RankMap
 
     target = [n for n in la.alloc if n in set(target)]
     before, old = la.active, la.current
-    out = Outcome(trigger, False, "", from_layout=str(old.layout), nodes_before=len(before),
-                  nodes_after=len(before))
+    failed = sorted(failed)
+    unusable = set(la.lost) - set(failed)
     try:
-        layout = choose(la, sum(len(la.node_devices(n)) for n in target))
-    except LayoutError as exc:
-        out.message = f"no layout: {exc}"
-        la.outcomes.append(out)
-        return out
-    devices = tuple(d for n in target for d in la.node_devices(n))[:layout.world_size]
-    new = RankMap(layout, devices)
-    out.to_layout = str(layout)
+        avail = la.devices_on(target) - len([d for d in set(failed) | unusable
+                                             if la.topology.devices[d].node in target])
+        layout = choose(la, avail)
+        new = RankMap(layout, placement(la, layout, old, target, failed, unusable))
+        check_covered(la, old, new, failed)
+    except (LayoutError, ManifestError) as exc:
+        return Transaction(la, trigger).refuse(f"no plan: {exc}")
+    out = Outcome(trigger, False, "", from_layout=str(old.layout), to_layout=str(layout),
+                  nodes_before=len(before), nodes_after=len(before))
     new_nodes = [n for n in target if n not in la.handles]
     leaving = [n for n in before if n not in target]
     mid = la.db.start_migration(la.job_id, out.from_layout, out.to_layout, trigger,
-                                {"generic": True, "nodes": target}, la.db.fragmentation(la.job_id))
+                                {"generic": True, "nodes": target, "failed": failed,
+                                 "placement": list(new.devices)}, la.db.fragmentation(la.job_id))
     out.migration_id = mid
     e = la.epoch + 1
     t0 = time.perf_counter()
     try:
         if new_nodes:
             la.start_nodes(new_nodes, e)
-            la.wait_ready(new_nodes)
-        parts = sorted(set(old.devices) | set(devices))
+            la.wait_ready(new_nodes, ready_timeout, note)
+        parts = sorted((set(old.devices) - set(failed)) | set(new.devices))
         la.epoch = e
-        la.ctl.post({"epoch": e, "kind": "reshard", "participants": parts,
+        la.ctl.post({"epoch": e, "kind": "reshard", "participants": parts, "failed": failed, "urgent": bool(failed),
                      "prev": {"layout": str(old.layout), "devices": list(old.devices)},
-                     "curr": {"layout": str(layout), "devices": list(devices)},
-                     "exit_ok": sorted(d for n in leaving for d in la.node_devices(n))})
+                     "curr": {"layout": str(layout), "devices": list(new.devices)},
+                     "exit_ok": sorted(d for n in leaving for d in la.node_devices(n)),
+                     "exit_fail": sorted(d for n in new_nodes for d in la.node_devices(n))})
         la.log(f"event {e}: {out.from_layout} -> {out.to_layout} on {','.join(target)} ({trigger})")
         results = la.check_results(la.wait_results(e, parts))
     except MigrationFailed as exc:
+        for n in new_nodes:
+            h = la.handles.pop(n, None)
+            if h is not None:
+                h.kill()
         out.message = f"migration failed: {exc}"
         la.db.finish_migration(mid, "failed", None, None, None, {}, error=out.message)
+        la.log(out.message)
         la.outcomes.append(out)
+        la.resume_old(failed)
         return out
     phases = {k: max(r.get("phases", {}).get(k, 0.0) for r in results.values())
               for k in ("build_groups", "execute", "rebuild")}
     phases["plan"] = 0.0
+    la.pauses.add(mid, la.world, f"w{e}", out)
     la.current, la.world = new, f"w{e}"
     la.db.record_rank_map(la.job_id, la.epoch_base + e, str(layout), la.entries(new))
     la.db.update_job(la.job_id, layout=str(layout))
+    la.record_survival()
     for n in leaving:
         la.reap(n)
     error = None

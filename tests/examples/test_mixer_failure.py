@@ -1,0 +1,143 @@
+"""examples/mixer_live.py (LIVE mode, launcher.runtime) survives a worker's death on 2 nodes x 2 devices.
+
+Real worker processes on the local backend, killed with SIGKILL while they train tp2dp2:
+  * one worker (device 3): the DP replica on node0 covers everything it held; the launcher moves the
+    job onto the survivors (an urgent reshard from the replicas), recorded as a succeeded `failure`
+    migration, and every step runs exactly once;
+  * both TP-rank-1 workers (devices 1 and 3): no survivor holds TP shard 1, so the job restarts from its
+    safety checkpoint (--checkpoint-every 2), recorded with the steps lost; the steps after the
+    checkpoint run again and give the same losses bit for bit.
+  * suspend: USR1 (--on-signal suspend) and an `elastic suspend` request write the state once at a step
+    boundary and end the workers; `--resume` goes on from it on one node (tp2dp1), then on two again.
+Oracle (shares no code with the runtime): the script saves the whole state (full tensors) before and
+after every step; the state before step S+1 equals the state after step S bit for bit across the
+failure, and the data position travels with it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from db import Store
+from launcher.backends.local import LocalNodes
+from launcher.loop import Launcher
+from launcher.options import Options
+from migrate.layout import ParallelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 14
+
+
+def _log(path: Path) -> list[tuple[int, float, str, int]]:
+    if not path.exists():
+        return []
+    return [(int(s), float(v), lay, int(n)) for s, v, lay, n in (ln.split() for ln in path.read_text().splitlines())]
+
+
+def _launcher(tmp_path: Path, nodes: int, checkpoint_every: int = 0, **options) -> Launcher:
+    log, dump = tmp_path / "steps.log", tmp_path / "dump"
+    dump.mkdir(exist_ok=True)
+    cmd = ["python", str(ROOT / "examples" / "mixer_live.py"), "--steps", str(STEPS), "--log", str(log),
+           "--dump-dir", str(dump), "--step-sleep", "0.2"]
+    opts = Options(1, nodes, 2, [ParallelConfig.parse(x) for x in ("tp2dp2", "tp2dp1")], cmd, job_name="mixer",
+                   poll=0.05, ready_timeout=120, migrate_timeout=120, checkpoint_every=checkpoint_every,
+                   checkpoint_dir=tmp_path / "ck", **options)
+    return Launcher(opts, LocalNodes(nodes, 2, log_dir=tmp_path / f"logs{nodes}"), Store(f"sqlite:///{tmp_path}/e.db"))
+
+
+def _drive(la: Launcher, at_step: int, action) -> int:
+    """Run the job; `action(la)` once the live layout reached `at_step` finished steps."""
+    t0, done = time.monotonic(), []
+
+    def until(la: Launcher) -> bool:
+        assert time.monotonic() - t0 < 400, f"stuck; outcomes {[o.message for o in la.outcomes]}"
+        if not done and la.generic and la.max_step() >= at_step:
+            done.append(action(la))
+        return False
+
+    return la.run(until=until)
+
+
+def _kill(devices: list[int]):
+    def act(la: Launcher) -> None:
+        for d in devices:  # a real SIGKILL of the real worker processes
+            la.handles[la.topology.devices[d].node].procs[d].kill()
+    return act
+
+
+def _run(tmp_path: Path, kill: list[int], at_step: int, checkpoint_every: int = 0):
+    la = _launcher(tmp_path, 2, checkpoint_every)
+    rc = _drive(la, at_step, _kill(kill))
+    return rc, la, la.db, _log(tmp_path / "steps.log"), tmp_path / "dump"
+
+
+def _same_state_across_steps(dump: Path, last: int) -> None:
+    for s in range(1, last):
+        after, before = torch.load(dump / f"after-{s}.pt"), torch.load(dump / f"before-{s + 1}.pt")
+        assert after.keys() == before.keys() and len(after) > 10
+        for k in after:
+            assert torch.equal(after[k], before[k]), (s, k)
+
+
+def test_a_dead_worker_is_recovered_from_the_replicas_bit_exact(tmp_path: Path) -> None:
+    rc, la, store, rows, dump = _run(tmp_path, kill=[3], at_step=4)
+    assert rc == 0, [o.message for o in la.outcomes]
+    assert [r[0] for r in rows] == list(range(1, STEPS + 1)), rows  # every step once
+    assert [r[3] for r in rows] == [8 * s for s in range(1, STEPS + 1)]  # the data position travelled
+    _same_state_across_steps(dump, STEPS)
+    job = store.find_job("mixer")
+    migs = store.recent_migrations(job.id, limit=10)
+    assert [(m.trigger, m.status, m.from_layout, m.to_layout) for m in migs] == [
+        ("failure", "succeeded", "pp1tp2dp2", "pp1tp2dp1")], [(m.trigger, m.status, m.error) for m in migs]
+    layouts = [r[2] for r in rows]
+    cut = layouts.index("pp1tp2dp1")
+    assert set(layouts[:cut]) == {"pp1tp2dp2"} and set(layouts[cut:]) == {"pp1tp2dp1"}
+    assert migs[0].at_step == cut  # the survivors held the last committed step; the next one ran on tp2dp1
+    assert 3 not in la.current.devices and job.state == "finished"
+
+
+def test_lost_tp_shard_restarts_from_the_safety_checkpoint(tmp_path: Path) -> None:
+    rc, la, store, rows, dump = _run(tmp_path, kill=[1, 3], at_step=5, checkpoint_every=2)
+    assert rc == 0, [o.message for o in la.outcomes]
+    job = store.find_job("mixer")
+    migs = store.recent_migrations(job.id, limit=10)
+    assert [(m.trigger, m.status) for m in migs] == [("failure", "succeeded")], \
+        [(m.trigger, m.status, m.error) for m in migs]
+    restored = migs[0].at_step
+    assert restored >= 4 and restored % 2 == 0 and "restored from checkpoint" in migs[0].error
+    first, again = {}, {}
+    for s, loss, _lay, n in rows:  # steps after the checkpoint ran twice: the same losses, bit for bit
+        (again if s in first and s > restored else first)[s] = (loss, n)
+    assert sorted(first) == list(range(1, STEPS + 1)), rows
+    assert again and all(again[s] == first[s] for s in again), (again, first)
+    assert min(again) == restored + 1 and migs[0].steps_lost == len(again)
+    _same_state_across_steps(dump, STEPS)
+    assert job.state == "finished"
+
+
+def test_suspend_by_usr1_and_by_request_then_resume_on_another_layout(tmp_path: Path) -> None:
+    # USR1 (--on-signal suspend) on tp2dp2, resume on one node (tp2dp1), `elastic suspend` there, resume on two
+    la = _launcher(tmp_path, 2, on_signal="suspend")
+    assert _drive(la, 4, lambda la: os.kill(os.getpid(), signal.SIGUSR1)) == 0, [o.message for o in la.outcomes]
+    job = la.db.find_job("mixer")
+    assert job.state == "suspended" and job.checkpoint_path.endswith(f"step-{job.checkpoint_step}"), job
+    first = job.checkpoint_step
+    la = _launcher(tmp_path, 1, resume=True)
+    assert _drive(la, first + 3, lambda la: la.db.add_request(la.job_id, "suspend", {}, "tester")) == 0
+    job = la.db.find_job("mixer")
+    assert job.state == "suspended" and job.checkpoint_step >= first + 3, job
+    second = job.checkpoint_step
+    la = _launcher(tmp_path, 2, resume=True)
+    assert _drive(la, STEPS + 1, lambda la: None) == 0, [o.message for o in la.outcomes]
+    rows = _log(tmp_path / "steps.log")
+    assert [r[0] for r in rows] == list(range(1, STEPS + 1)), rows  # every step once across both suspends
+    assert [r[3] for r in rows] == [8 * s for s in range(1, STEPS + 1)]
+    assert [r[2] for r in rows] == ["pp1tp2dp2"] * first + ["pp1tp2dp1"] * (second - first) + \
+        ["pp1tp2dp2"] * (STEPS - second)
+    _same_state_across_steps(tmp_path / "dump", STEPS)
+    job = la.db.find_job("mixer")
+    assert job.state == "finished" and [r.status for r in la.db.list_requests(job.id)] == ["done"]
