@@ -238,3 +238,26 @@ def test_upgrade_from_v7_adds_components_and_node_sizes(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh.db"
     Store(f"sqlite:///{fresh}").close()
     assert _columns(old) == _columns(fresh)
+
+
+def test_upgrade_from_v8_adds_a_jobs_max_nodes(tmp_path: Path) -> None:
+    old = _database_at(tmp_path, 8)
+    assert "max_nodes" not in _columns(old)["jobs"]
+    con = sqlite3.connect(old)
+    con.execute("INSERT INTO jobs (id, name, state, layout, gpus_per_node, max_devices, created_at, updated_at)"
+                " VALUES (1, 'legacy', 'running', 'pp1tp1dp2', 4, 12, '2024-01-01', '2024-01-01')")
+    con.commit()
+    con.close()
+    store = Store(f"sqlite:///{old}")
+    assert (store.schema_found, store.schema_version) == (8, CURRENT_VERSION) and CURRENT_VERSION >= 9
+    from db.requests import most_nodes
+
+    assert store.get_job(1).max_nodes is None and most_nodes(store.get_job(1)) == 3  # the old derivation
+    store.update_job(1, max_nodes=4)
+    assert most_nodes(store.get_job(1)) == 4
+    with pytest.raises(ValueError, match="must be positive"):
+        store.update_job(1, max_nodes=0)
+    store.close()
+    fresh = tmp_path / "fresh.db"
+    Store(f"sqlite:///{fresh}").close()
+    assert _columns(old) == _columns(fresh)
