@@ -42,9 +42,8 @@ def _node_names(value: Any) -> list[str]:
 
 
 def most_nodes(job: Job) -> int:
-    """The most nodes the job may use: its --nnodes MAX as recorded (v9), else (older rows) its max
-    devices over GPUs per node, rounded up (which undercounts uneven nodes)."""
-    return job.max_nodes or -(-job.max_devices // job.gpus_per_node)
+    """The most nodes the job may use: its max devices over GPUs per node, rounded up."""
+    return -(-job.max_devices // job.gpus_per_node)
 
 
 def _preempt(job: Job, held: Sequence[str], raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,8 +81,7 @@ def _resize(action: str, job: Job, held: Sequence[str], raw: Mapping[str, Any]) 
     if n < floor:
         raise ValueError(f"{n} nodes is below job {job.name}'s MIN of {floor} nodes")
     if n > most:
-        raise ValueError(f"job {job.name} can use at most {most} nodes "
-                         + ("(its --nnodes MAX)" if job.max_nodes else f"({job.max_devices} devices)"))
+        raise ValueError(f"job {job.name} can use at most {most} nodes ({job.max_devices} devices)")
     return {"nodes": n}
 
 

@@ -3,7 +3,8 @@
 Everything the launcher and the workers say to each other goes through these keys:
 
   model                  the worker's model spec (JSON), offered by every worker, first one wins
-  tp_sizes               the TP sizes the launcher may choose (JSON list; live-mode workers offer manifests for them)
+  shapes                 the layout shapes ("pp<P>tp<T>") the launcher may choose: live-mode workers offer their
+                         state manifests for them with the model spec (launcher.runtime.join)
   hello/<dev>            a worker that uses the runtime API (launcher.runtime) started: live mode
   ready/<dev>            a worker is up and waits for events (JSON: pid, host)
   step/<dev>             the number of finished steps of a training worker (its heartbeat)
@@ -52,7 +53,7 @@ ENV_DEVICE = "ELASTIC_DEVICE"  # this worker's device id (local backend)
 ENV_NODE_INDEX = "ELASTIC_NODE_INDEX"  # index of this worker's node in the job topology (Slurm steps)
 ENV_FIRST_DEVICE = "ELASTIC_FIRST_DEVICE"  # device id of the node's GPU 0 (Slurm steps; nodes may differ in size)
 ENV_GPUS_PER_NODE = "ELASTIC_GPUS_PER_NODE"
-KEY_TP_SIZES = "tp_sizes"
+KEY_SHAPES = "shapes"
 ENV_LOCAL_ID = "ELASTIC_LOCAL_ID"  # local task index; Slurm steps use SLURM_LOCALID
 ENV_FIRST_EVENT = "ELASTIC_FIRST_EVENT"  # first event this worker handles
 ENV_NODE = "ELASTIC_NODE"

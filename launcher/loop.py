@@ -18,6 +18,7 @@ from launcher import control as C
 from launcher.backends import AcquireFailed, CannotAcquire, NodeBackend, NodeHandle, Reporter
 from launcher.options import Options
 from launcher.pause import PendingPauses
+from launcher.runtime_moves import shape
 from launcher.start_request import StartRequest, checkpoint_dir
 from launcher.survival import auto_checkpoint_every, survival
 from launcher.transaction import MigrationFailed, Outcome, Transaction
@@ -286,7 +287,7 @@ class Launcher:
                              self.opts.master_port, server=True)
         self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port}; {self.backend.describe()}")
         self.request = StartRequest.for_job(self.opts, self.db.url, self.ctl.port)
-        self.ctl.set_json(C.KEY_TP_SIZES, sorted({c.tp for c in self.opts.layouts} | {1}))
+        self.ctl.set_json(C.KEY_SHAPES, sorted({shape(c) for c in self.opts.layouts} | {"pp1tp1"}))
         nodes = self.alloc[:self.opts.max_nodes]
         mode = self.opts.mode
         if mode == "auto" and (self.opts.model is not None or self.opts.resume
@@ -306,8 +307,7 @@ class Launcher:
         self.job_id = self.db.create_job(self.opts.job_name, f"pp1tp1dp{len(nodes) * self.gpn}", self.gpn,
                                          self.opts.max_nodes * self.gpn, slurm_job_id=self.slurm_job_id,
                                          pinned_node=self.backend.batch_node, nodes=nodes, mode="restart",
-                                         min_nodes=self.opts.min_nodes, max_nodes=self.opts.max_nodes,
-                                         **self.node_shapes(nodes))
+                                         min_nodes=self.opts.min_nodes, **self.node_shapes(nodes))
         self.restarts, self.deciding = RestartMode(self), deciding
         self.restarts.start_world(nodes)
         self.db.record_rank_map(self.job_id, 0, str(self.current.layout), self.entries(self.current))
@@ -350,8 +350,7 @@ class Launcher:
                                              self.devices_on(nodes) + (self.opts.max_nodes - len(nodes)) * self.gpn,
                                              slurm_job_id=self.slurm_job_id,
                                              pinned_node=self.backend.batch_node, nodes=nodes,
-                                             min_nodes=self.opts.min_nodes, max_nodes=self.opts.max_nodes,
-                                             **self.node_shapes(nodes))
+                                             min_nodes=self.opts.min_nodes, **self.node_shapes(nodes))
         else:  # the same job goes on: its history, requests and epochs continue
             self.job_id = job.id
             continue_job(self, job, nodes)

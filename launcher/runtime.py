@@ -353,19 +353,22 @@ class Job:
                     _local(v).zero_()
         return module, opt
 
-    def _class_manifests(self, tp: int) -> list:
-        """The manifest of each TP rank of a layout with `tp`, built on the meta device (DP replicas hold the same)."""
+    def _class_manifests(self, layout: str) -> list:
+        """The manifest of each class (pp rank * tp + tp rank) of `layout`, built on the meta device (DP
+        replicas hold their class's); no process needs to hold the layout."""
         from migrate.manifest import meta_module, plan_manifest
 
+        lay = parse_layout(layout, 0, 0)
         kind = _optimizer_kind(self._build_opt)
-        return [plan_manifest(meta_module(self._build_model, Layout(tp, 1, t, tp)), self.tp_plan, tp, t, kind)
-                for t in range(tp)]
+        return [plan_manifest(meta_module(self._build_model, Layout(lay.tp, 1, t, lay.tp)), self.tp_plan, lay.tp, t,
+                              kind) for t in range(lay.tp)]
 
     def _manifests(self, layout: str) -> list:
         """Per-rank manifests of `layout` (no process needs to hold it)."""
-        lay = parse_layout(layout, 0, 0)
-        classes = self._class_manifests(lay.tp)
-        return [classes[r % lay.tp] for r in range(lay.tp * lay.dp)]
+        from migrate.layout import ParallelConfig
+
+        cfg, classes = ParallelConfig.parse(layout), self._class_manifests(layout)
+        return [classes[cfg.coords(r)[0] * cfg.tp + cfg.coords(r)[2]] for r in range(cfg.world_size)]
 
     def _reshard(self, ev: dict) -> bool:
         """Move the state from the old layout to the new one (migrate.reshard, by manifest); commits
@@ -529,10 +532,10 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
     ctl = C.Control.from_env()
     ctl.hello(device)
     job = Job(ctl, device, model, tp_plan, optimizer, state or {})
-    # the launcher places ranks with the ETC planner over these, for every TP size it may choose
-    tps = ctl.get_json(C.KEY_TP_SIZES) if ctl.has(C.KEY_TP_SIZES) else [1]
+    # the launcher places ranks with the ETC planner over these, for every layout shape it may choose
+    shapes = ctl.get_json(C.KEY_SHAPES) if ctl.has(C.KEY_SHAPES) else ["pp1tp1"]
     spec = {"kind": "generic", "tp_plan": sorted(job.tp_plan),
-            "manifests": {str(tp): [m.to_list() for m in job._class_manifests(tp)] for tp in tps}}
+            "manifests": {s: [m.to_list() for m in job._class_manifests(s)] for s in shapes if s.startswith("pp1t")}}
     spec = json.loads(json.dumps(spec, sort_keys=True))
     agreed = ctl.offer_model(spec)
     if agreed != spec:

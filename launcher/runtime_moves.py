@@ -34,22 +34,28 @@ def choose(la: "Launcher", devices: int):
     return choose_layout(devices, la.gpn, allowed, None)
 
 
-def class_manifests(la: "Launcher", tp: int) -> list:
-    """The manifest of each TP rank of a layout with `tp`, as the workers offered them (launcher.runtime.join)."""
+def shape(layout) -> str:
+    """What a layout's state manifests depend on: its pipeline and TP sizes (not DP: replicas)."""
+    return f"pp{layout.pp}tp{layout.tp}"
+
+
+def class_manifests(la: "Launcher", layout) -> list:
+    """The manifest of each class (pp rank * tp + tp rank) of `layout`, as the workers offered them
+    (launcher.runtime.join, for the shapes of control.KEY_SHAPES)."""
     from migrate.layout import LayoutError
     from migrate.manifest import Manifest
 
     spec = la.ctl.model() or {}
-    got = spec.get("manifests", {}).get(str(tp))
+    got = spec.get("manifests", {}).get(shape(layout))
     if got is None:
-        raise LayoutError(f"the workers offered no state manifests for tp{tp}")
+        raise LayoutError(f"the workers offered no state manifests for {shape(layout)}")
     return [Manifest.from_list(m) for m in got]
 
 
 def rank_manifests(la: "Launcher", layout) -> list:
-    """One manifest per rank of `layout` (DP replicas hold their TP rank's)."""
-    classes = class_manifests(la, layout.tp)
-    return [classes[r % layout.tp] for r in range(layout.world_size)]
+    """One manifest per rank of `layout` (DP replicas hold their class's)."""
+    classes = class_manifests(la, layout)
+    return [classes[layout.coords(r)[0] * layout.tp + layout.coords(r)[2]] for r in range(layout.world_size)]
 
 
 def placement(la: "Launcher", layout, prev, target: list[str], failed=frozenset(), unusable=frozenset()):
@@ -59,7 +65,7 @@ def placement(la: "Launcher", layout, prev, target: list[str], failed=frozenset(
     from migrate.plan import place
     from migrate.topology import Topology
 
-    cost = class_cost(class_manifests(la, layout.tp), class_manifests(la, prev.layout.tp) + [Manifest(())])
+    cost = class_cost(class_manifests(la, layout), class_manifests(la, prev.layout) + [Manifest(())])
     outside = {d.id for d in la.topology.devices if d.node not in set(target)}
     placed = place(layout, cost, prev, Topology(la.topology.devices, frozenset(target)), frozenset(failed), True,
                    la.opts.placement, frozenset((set(unusable) | outside) - set(failed)))

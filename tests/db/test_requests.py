@@ -58,21 +58,6 @@ def test_refusals(job: Job, action: str, raw: dict[str, Any], message: str) -> N
         validate_request(job, HELD, [], action, raw)
 
 
-def test_grow_on_uneven_nodes_goes_up_to_the_recorded_max_nodes(store: Store) -> None:
-    """4,4,2,2 nodes hold 12 devices, 4 on the largest: the old max_devices / gpus_per_node said 3 nodes,
-    refusing a grow back to 4 after a shrink. The launcher's --nnodes MAX is what counts (v9)."""
-    from db.requests import check_request
-    from tests.db.seed import HET_NODES, uneven_entries
-
-    job = store.create_job("het", "pp1tp2dp6", 4, 12, pinned_node="a1", nodes=[n for n, _, _ in HET_NODES],
-                           node_gpus={n: g for n, g, _ in HET_NODES}, max_nodes=4)
-    store.record_rank_map(job, 0, "pp1tp2dp4", uneven_entries(1, 2, 4)[:8])  # shrunk to a1, a2
-    assert check_request(store, store.get_job(job), "grow", {"nodes": 4}) == {"nodes": 4}
-    with pytest.raises(ValueError, match=r"at most 4 nodes \(its --nnodes MAX\)"):
-        check_request(store, store.get_job(job), "grow", {"nodes": 5})
-    assert validate_request(replace(JOB, max_nodes=6), HELD, [], "grow", {"nodes": 6}) == {"nodes": 6}
-
-
 def test_identical_pending_request_is_a_duplicate() -> None:
     with pytest.raises(ValueError, match="#41 .* already pending"):
         validate_request(JOB, HELD, [pending("shrink", {"nodes": 2})], "shrink", {"nodes": "2"})
