@@ -473,18 +473,6 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
             row.at_step, row.steps_lost = at_step, steps_lost
             row.phases = [MigrationPhaseRow(phase=k, seconds=float(v)) for k, v in phases.items()]
 
-    def add_migration_notes(self, mid: int, notes: Sequence[str]) -> None:
-        """Append `notes` to migration `mid`'s plan summary (`notes`, a list of lines): what happened
-        besides the plan, e.g. which component of a heterogeneous job gave nodes back, or the fallback
-        taken where Slurm refused a release. No schema change: the summary is a JSON column."""
-        with self._tx() as s:
-            row = s.get(MigrationRow, mid)
-            if row is None:
-                raise NotFoundError(f"no migration with id {mid}")
-            summary = dict(row.plan_summary or {})
-            summary["notes"] = [*summary.get("notes", []), *map(str, notes)]
-            row.plan_summary = summary  # a new dict, so SQLAlchemy sees the change
-
     def set_pause(self, mid: int, pause_s: float) -> None:
         """Record how long training stood still for migration `mid`: from the last committed step on
         the old layout to the first committed step on the new one (known only after that step)."""

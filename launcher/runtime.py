@@ -127,6 +127,7 @@ class Job:
         self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
         self.ckpt_every = int(os.environ.get(C.ENV_CKPT_EVERY, "0") or 0) if self.ckpt_dir else 0
         self._saved = -1  # the last step a safety checkpoint was written at
+        self.fault = runtime_faults.fault_for(device)  # $ELASTIC_FAULT (tests)
 
     def log(self, msg: str) -> None:
         print(f"[runtime dev{self.device} ev{self.epoch}] {msg}", file=sys.stderr, flush=True)
@@ -199,6 +200,7 @@ class Job:
         """The optimizer's pre-step hook: apply this step only if every rank of the world does."""
         if self._committed == self.step:
             return  # a second optimizer.step() in the same step
+        runtime_faults.die_at(self.fault, "step", self.step, self.log)
         if not self.ctl.commit_step(self.world, self.step - 1, self.layout.world_size):
             raise runtime_faults.StepAborted(f"step {self.step} abandoned: a worker of {self.world} failed")
         self._committed = self.step
@@ -400,13 +402,16 @@ class Job:
         try:
             self.ctl.join_world(f"m{e}", parts, self.device, 120.0, abort_key=f"ev/{e}/commit")
             t1 = time.perf_counter()
+            runtime_faults.die_at(self.fault, "round", 0, self.log)
             procs_old = [parts.index(d) if r in alive else -1 for r, d in enumerate(prev["devices"])]
             procs_new = [parts.index(d) for d in curr["devices"]]
             result = execute(transfers, old_rank, new_rank, held["local"] if old_rank is not None else {},
                              old_ms[old_rank] if old_rank is not None else None,
                              new_ms[new_rank] if new_rank is not None else None, procs_old, procs_new)
+            runtime_faults.die_at(self.fault, "commit", None, self.log)
             if not self.ctl.decide(f"ev/{e}/commit", len(parts)):
                 raise runtime_faults.StepAborted("another participant failed or the launcher vetoed the commit")
+            runtime_faults.die_at(self.fault, "committed", None, self.log)
         except Exception as exc:  # nothing committed: every participant keeps its old state
             self.ctl.veto(f"ev/{e}/commit")
             cut_collective_sockets(self.ctl.port)  # peers still in a transfer with us fail now

@@ -12,10 +12,17 @@ What counts as a peer's failure (not a bug in the script): this module's StepAbo
 could not form, torch.distributed's own errors, or any RuntimeError while the launcher has marked the
 world aborted (gloo reports a closed socket as a plain RuntimeError); the launcher sets the mark within
 a poll of seeing the process end, so a RuntimeError waits up to `ABORT_WAIT_S` for it.
+
+Fault injection for tests (here and in launcher.worker): $ELASTIC_FAULT = "DEVICE:POINT[:N]", POINT one
+of `step` (SIGKILL in step N, after the gradients, before the commit vote), `round` (in a migration's
+transfer), `commit` (after a migration's transfer, before its commit vote), `committed` (right after
+the migration committed, before reporting).
 """
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 
 from launcher import control as C
 
@@ -41,6 +48,22 @@ def is_peer_failure(exc: BaseException, ctl: C.Control, world: str | None, wait_
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
+
+
+def fault_for(device: int, env=os.environ) -> tuple[str, int | None] | None:
+    """Fault injection for tests: $ELASTIC_FAULT = "DEVICE:POINT[:N]" -> (POINT, N) on that device, else None."""
+    parts = env.get("ELASTIC_FAULT", "").split(":")
+    if len(parts) < 2 or not parts[0].isdigit() or int(parts[0]) != device:
+        return None
+    return parts[1], int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+
+
+def die_at(fault: tuple[str, int | None] | None, point: str, n: int | None = None,
+           log: Callable[[str], None] = print) -> None:
+    """SIGKILL this process when `fault` names `point` (and its N, if any, is reached by `n`)."""
+    if fault and fault[0] == point and (fault[1] is None or n is None or n >= fault[1]):
+        log(f"fault injection: SIGKILL at {point} {n}")
+        os.kill(os.getpid(), 9)
 
 
 def install_commit(optimizer, vote) -> object:

@@ -47,6 +47,7 @@ import time
 import traceback
 
 from launcher import control as C
+from launcher.runtime_faults import StepAborted, die_at, fault_for
 from launcher.sockets import cut_collective_sockets
 
 
@@ -110,7 +111,7 @@ class Worker:
         self.layout_devices: list[int] = []
         self.world: str | None = None  # the training world this worker is in
         self.kept = None  # LocalState kept after a migration that did not commit (no trainer then)
-        self.fault = _fault_for(device)
+        self.fault = fault_for(device)
         self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
         self.ckpt_every = int(os.environ.get(C.ENV_CKPT_EVERY, "0") or 0) if self.ckpt_dir else 0
         self.ckpt_group = None  # gloo group of the training world for background saves
@@ -119,9 +120,7 @@ class Worker:
         self.prepared: dict[int, dict] = {}  # event -> new tensors allocated ahead of that migration
 
     def _die(self, point: str, n: int | None = None) -> None:
-        if self.fault and self.fault[0] == point and (self.fault[1] is None or n is None or n >= self.fault[1]):
-            self.log(f"fault injection: SIGKILL at {point} {n}")
-            os.kill(os.getpid(), 9)
+        die_at(self.fault, point, n, self.log)
 
     def _abandon(self) -> None:
         """Make every peer waiting on this worker fail now: abort the world's step, shut the sockets."""
@@ -462,18 +461,6 @@ class Worker:
 
 class _Broken(Exception):
     pass
-
-
-class StepAborted(RuntimeError):
-    """The step was not committed: some worker of the training world failed it."""
-
-
-def _fault_for(device: int, env=os.environ) -> tuple[str, int | None] | None:
-    spec = env.get("ELASTIC_FAULT", "")
-    parts = spec.split(":")
-    if len(parts) < 2 or not parts[0].isdigit() or int(parts[0]) != device:
-        return None
-    return parts[1], int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,8 @@ Real worker processes on the local backend, killed with SIGKILL while they train
   * both TP-rank-1 workers (devices 1 and 3): no survivor holds TP shard 1, so the job restarts from its
     safety checkpoint (--checkpoint-every 2), recorded with the steps lost; the steps after the
     checkpoint run again and give the same losses bit for bit.
+  * a worker killed ($ELASTIC_FAULT) inside a shrink's reshard, before its commit vote: nobody commits,
+    every survivor keeps its old state, then the job recovers from the replicas;
   * suspend: USR1 (--on-signal suspend) and an `elastic suspend` request write the state once at a step
     boundary and end the workers; `--resume` goes on from it on one node (tp2dp1), then on two again.
 Oracle (shares no code with the runtime): the script saves the whole state (full tensors) before and
@@ -141,3 +143,25 @@ def test_suspend_by_usr1_and_by_request_then_resume_on_another_layout(tmp_path: 
     _same_state_across_steps(tmp_path / "dump", STEPS)
     job = la.db.find_job("mixer")
     assert job.state == "finished" and [r.status for r in la.db.list_requests(job.id)] == ["done"]
+
+
+def test_a_worker_dying_inside_a_migration_keeps_the_old_layout_then_recovers(tmp_path: Path, monkeypatch) -> None:
+    # device 1 is SIGKILLed by $ELASTIC_FAULT after its transfer of the shrink to one node, before the commit vote
+    monkeypatch.setenv("ELASTIC_FAULT", "1:commit")
+    la = _launcher(tmp_path, 2)
+    rc = _drive(la, 3, lambda la: la.db.add_request(la.job_id, "shrink", {"nodes": 1}, "tester"))
+    assert rc == 0, [o.message for o in la.outcomes]
+    job = la.db.find_job("mixer")
+    migs = sorted(la.db.recent_migrations(job.id, limit=10), key=lambda m: m.id)
+    assert [(m.trigger, m.status, m.from_layout, m.to_layout) for m in migs] == [
+        ("resize", "failed", "pp1tp2dp2", "pp1tp2dp1"), ("failure", "succeeded", "pp1tp2dp2", "pp1tp2dp1")], \
+        [(m.trigger, m.status, m.error) for m in migs]
+    assert "old layout kept" in migs[0].error and la.db.list_requests(job.id)[0].status == "failed"
+    assert la.current.devices == (2, 3)  # node0 lost TP rank 1: the replica on node1 trains on
+    rows = _log(tmp_path / "steps.log")
+    assert [r[0] for r in rows] == list(range(1, STEPS + 1)), rows
+    assert [r[3] for r in rows] == [8 * s for s in range(1, STEPS + 1)]
+    layouts = [r[2] for r in rows]
+    cut = layouts.index("pp1tp2dp1")  # nothing trained on a half-migrated layout
+    assert set(layouts[:cut]) == {"pp1tp2dp2"} and set(layouts[cut:]) == {"pp1tp2dp1"} and migs[1].at_step == cut
+    _same_state_across_steps(tmp_path / "dump", STEPS)
