@@ -43,6 +43,7 @@ class JobRow(Base):
     mode: Mapped[str] = mapped_column(String(16), default="live")  # v6: live (runtime API) or restart (torchrun's)
     last_step: Mapped[Optional[int]]  # v6: the last finished training step the launcher saw
     launch_spec: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)  # v7: model, node range, layout per size
+    max_nodes: Mapped[Optional[int]]  # v9: --nnodes MAX (NULL: derived from max_devices / gpus_per_node)
 
 
 class NodeRow(Base):

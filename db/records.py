@@ -29,6 +29,7 @@ class Job:
     min_nodes: int = 1  # the launcher's --nnodes MIN: no request may leave the job below it
     mode: str = "live"  # live (runtime API) or restart (torchrun's contract)
     last_step: int | None = None  # last finished training step the launcher saw
+    max_nodes: int | None = None  # the launcher's --nnodes MAX (None: recorded before v9)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -230,8 +230,15 @@ def _v7_to_v8(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE nodes ADD COLUMN component INTEGER NOT NULL DEFAULT 0"))
 
 
+def _v8_to_v9(conn: Connection) -> None:
+    """v9: a job's MAX node count (--nnodes MAX). Requests used to derive it from max_devices over
+    gpus_per_node, which on uneven nodes (4,4,2,2: 12 devices, 4 per node) undercounts; NULL on older
+    rows keeps that derivation."""
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN max_nodes INTEGER"))
+
+
 #: MIGRATIONS[i] upgrades a database from version i+1 to version i+2.
-MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6, _v6_to_v7, _v7_to_v8]
+MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6, _v6_to_v7, _v7_to_v8, _v8_to_v9]
 CURRENT_VERSION = len(MIGRATIONS) + 1
 
 

@@ -47,7 +47,7 @@ def _job(row: JobRow) -> Job:
         sla_tier=row.sla_tier, created_at=from_db(row.created_at), updated_at=from_db(row.updated_at),
         checkpoint_path=row.checkpoint_path, checkpoint_step=row.checkpoint_step, min_nodes=row.min_nodes,
         mode=row.mode or "live",
-        last_step=row.last_step,
+        last_step=row.last_step, max_nodes=row.max_nodes,
     )  # type: ignore[arg-type]
 
 
@@ -137,23 +137,25 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         mode: str = "live",
         node_gpus: Mapping[str, int] | None = None,
         components: Mapping[str, int] | None = None,
+        max_nodes: int | None = None,
     ) -> int:
         """Register a job (and its nodes; the pinned node is marked pinned); returns its id.
         min_nodes: the launcher's --nnodes MIN, below which no admin request may take the job;
         mode: live (the program uses the runtime API) or restart (torchrun's contract);
         node_gpus / components: each node's GPU count (uneven nodes; default gpus_per_node) and
-        heterogeneous-job component (default 0)."""
+        heterogeneous-job component (default 0); max_nodes: the launcher's --nnodes MAX (requests never
+        go above it; None: max_devices over gpus_per_node)."""
         check("job state", state, JOB_STATES)
         check("job mode", mode, JOB_MODES)
         check("SLA tier", sla_tier, SLA_TIERS)
-        if gpus_per_node <= 0 or max_devices <= 0 or min_nodes <= 0:
-            raise ValueError("gpus_per_node, max_devices and min_nodes must be positive")
+        if gpus_per_node <= 0 or max_devices <= 0 or min_nodes <= 0 or (max_nodes is not None and max_nodes <= 0):
+            raise ValueError("gpus_per_node, max_devices, min_nodes and max_nodes must be positive")
         now = self.now()
         with self._tx() as s:
             job = JobRow(name=name, slurm_job_id=slurm_job_id, state=state, layout=layout,
                          gpus_per_node=gpus_per_node, pinned_node=pinned_node, max_devices=max_devices,
                          sla_tier=sla_tier, created_at=now, updated_at=now, min_nodes=min_nodes,
-                         mode=mode)
+                         mode=mode, max_nodes=max_nodes)
             s.add(job)
             s.flush()
             names = list(dict.fromkeys([*nodes, *([pinned_node] if pinned_node else [])]))
@@ -221,6 +223,7 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         mode: str | None = None,
         last_step: int | None = None,
         layout: str | None = None,
+        max_nodes: int | None = None,
     ) -> None:
         """Change job attributes learnt later (e.g. the Slurm id once sbatch answers, the mode once the
         workers register, the last step seen); None = keep."""
@@ -228,13 +231,14 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
             check("job mode", mode, JOB_MODES)
         if sla_tier is not None:
             check("SLA tier", sla_tier, SLA_TIERS)
-        if (max_devices is not None and max_devices <= 0) or (min_nodes is not None and min_nodes <= 0):
-            raise ValueError("max_devices and min_nodes must be positive")
+        if any(v is not None and v <= 0 for v in (max_devices, min_nodes, max_nodes)):
+            raise ValueError("max_devices, min_nodes and max_nodes must be positive")
         with self._tx() as s:
             row = self._job_row(s, job_id)
             for name, value in (("slurm_job_id", slurm_job_id), ("pinned_node", pinned_node),
                                 ("max_devices", max_devices), ("sla_tier", sla_tier), ("min_nodes", min_nodes),
-                                ("mode", mode), ("last_step", last_step), ("layout", layout)):
+                                ("mode", mode), ("last_step", last_step), ("layout", layout),
+                                ("max_nodes", max_nodes)):
                 if value is not None:
                     setattr(row, name, value)
             row.updated_at = self.now()
@@ -472,6 +476,18 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
             row.fragmentation_after = dict(fragmentation_after) if fragmentation_after is not None else None
             row.at_step, row.steps_lost = at_step, steps_lost
             row.phases = [MigrationPhaseRow(phase=k, seconds=float(v)) for k, v in phases.items()]
+
+    def add_migration_notes(self, mid: int, notes: Sequence[str]) -> None:
+        """Append `notes` to migration `mid`'s plan summary (`notes`, a list of lines): what happened
+        besides the plan, e.g. which component of a heterogeneous job gave nodes back, or the fallback
+        taken where Slurm refused a release. No schema change: the summary is a JSON column."""
+        with self._tx() as s:
+            row = s.get(MigrationRow, mid)
+            if row is None:
+                raise NotFoundError(f"no migration with id {mid}")
+            summary = dict(row.plan_summary or {})
+            summary["notes"] = [*summary.get("notes", []), *map(str, notes)]
+            row.plan_summary = summary  # a new dict, so SQLAlchemy sees the change
 
     def set_pause(self, mid: int, pause_s: float) -> None:
         """Record how long training stood still for migration `mid`: from the last committed step on

@@ -307,7 +307,8 @@ class Launcher:
         self.job_id = self.db.create_job(self.opts.job_name, f"pp1tp1dp{len(nodes) * self.gpn}", self.gpn,
                                          self.opts.max_nodes * self.gpn, slurm_job_id=self.slurm_job_id,
                                          pinned_node=self.backend.batch_node, nodes=nodes, mode="restart",
-                                         min_nodes=self.opts.min_nodes, **self.node_shapes(nodes))
+                                         min_nodes=self.opts.min_nodes, max_nodes=self.opts.max_nodes,
+                                         **self.node_shapes(nodes))
         self.restarts, self.deciding = RestartMode(self), deciding
         self.restarts.start_world(nodes)
         self.db.record_rank_map(self.job_id, 0, str(self.current.layout), self.entries(self.current))
@@ -350,7 +351,8 @@ class Launcher:
                                              self.devices_on(nodes) + (self.opts.max_nodes - len(nodes)) * self.gpn,
                                              slurm_job_id=self.slurm_job_id,
                                              pinned_node=self.backend.batch_node, nodes=nodes,
-                                             min_nodes=self.opts.min_nodes, **self.node_shapes(nodes))
+                                             min_nodes=self.opts.min_nodes, max_nodes=self.opts.max_nodes,
+                                             **self.node_shapes(nodes))
         else:  # the same job goes on: its history, requests and epochs continue
             self.job_id = job.id
             continue_job(self, job, nodes)

@@ -46,7 +46,8 @@ def continue_job(la: "Launcher", job, nodes: list[str]) -> None:
     last = la.db.current_rank_map(job.id)
     la.epoch_base = last.epoch + 1 if last else 0
     la.db.update_job(job.id, slurm_job_id=la.slurm_job_id, pinned_node=la.backend.batch_node,
-                     max_devices=max(job.max_devices, la.opts.max_nodes * la.gpn), min_nodes=la.opts.min_nodes)
+                     max_devices=max(job.max_devices, la.opts.max_nodes * la.gpn), min_nodes=la.opts.min_nodes,
+                     max_nodes=la.opts.max_nodes)
     for n in la.db.list_nodes(job.id):
         if n.name not in nodes and n.state in ("active", "idle"):
             la.db.set_node_state(job.id, n.name, "released", pinned=False)

@@ -213,7 +213,9 @@ class Transaction:
         out.message = error or f"{out.from_layout} -> {out.to_layout}, {nodes_before} -> {out.nodes_after} nodes"
         for note in notes:
             out.message += "; " + note
-            job.db.audit("elastic-launch", "release", f"job:{job.job_id}", f"{note}: its nodes were given back")
+            job.db.audit("elastic-launch", "release", f"job:{job.job_id}", note)
+        if notes:  # in the migration's history too (its plan summary's notes)
+            job.db.add_migration_notes(out.migration_id, notes)
         job.log(out.message + f" (at step {out.at_step}, phases " +
                 ", ".join(f"{k} {v:.3f}s" for k, v in self.phases.items()) + ")")
         return self._done()

@@ -34,6 +34,17 @@ def test_valid_requests_are_normalised(action: str, raw: dict[str, Any], params:
     assert validate_request(JOB, HELD, [], action, raw) == params
 
 
+def test_uneven_nodes_count_nodes_by_the_launchers_max_not_by_devices() -> None:
+    """A job on nodes of 2,2,4 GPUs (8 devices, 4 on the largest): the launcher's --nnodes MAX (its launch
+    spec) says 3 nodes, where 8 devices over 4 GPUs per node would say 2."""
+    het = replace(JOB, max_devices=8, gpus_per_node=4)
+    with pytest.raises(ValueError, match="at most 2 nodes"):
+        validate_request(het, HELD[:2], [], "grow", {"nodes": 3})
+    assert validate_request(het, HELD[:2], [], "grow", {"nodes": 3}, max_nodes=3) == {"nodes": 3}
+    with pytest.raises(ValueError, match="at most 3 nodes"):
+        validate_request(het, HELD[:2], [], "grow", {"nodes": 4}, max_nodes=3)
+
+
 @pytest.mark.parametrize("job, action, raw, message", [
     (replace(JOB, state="finished"), "preempt", {"count": 1}, "is finished, not running"),
     (replace(JOB, state="failed"), "suspend", {}, "is failed, not running"),
@@ -56,6 +67,21 @@ def test_valid_requests_are_normalised(action: str, raw: dict[str, Any], params:
 def test_refusals(job: Job, action: str, raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         validate_request(job, HELD, [], action, raw)
+
+
+def test_grow_on_uneven_nodes_goes_up_to_the_recorded_max_nodes(store: Store) -> None:
+    """4,4,2,2 nodes hold 12 devices, 4 on the largest: the old max_devices / gpus_per_node said 3 nodes,
+    refusing a grow back to 4 after a shrink. The launcher's --nnodes MAX is what counts (v9)."""
+    from db.requests import check_request
+    from tests.db.seed import HET_NODES, uneven_entries
+
+    job = store.create_job("het", "pp1tp2dp6", 4, 12, pinned_node="a1", nodes=[n for n, _, _ in HET_NODES],
+                           node_gpus={n: g for n, g, _ in HET_NODES}, max_nodes=4)
+    store.record_rank_map(job, 0, "pp1tp2dp4", uneven_entries(1, 2, 4)[:8])  # shrunk to a1, a2
+    assert check_request(store, store.get_job(job), "grow", {"nodes": 4}) == {"nodes": 4}
+    with pytest.raises(ValueError, match=r"at most 4 nodes \(its --nnodes MAX\)"):
+        check_request(store, store.get_job(job), "grow", {"nodes": 5})
+    assert validate_request(replace(JOB, max_nodes=6), HELD, [], "grow", {"nodes": 6}) == {"nodes": 6}
 
 
 def test_identical_pending_request_is_a_duplicate() -> None:

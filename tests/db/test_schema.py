@@ -214,13 +214,21 @@ def test_upgrade_from_v6_adds_launch_spec_steps_and_cluster_samples(tmp_path: Pa
     assert _columns(old) == _columns(fresh)
 
 
+def _with_legacy_job(path: Path, gpus_per_node: int, max_devices: int) -> sqlite3.Connection:
+    """Job 1 ('legacy', pp1tp1dp2) written as an older release did; returns the connection, committed."""
+    con = sqlite3.connect(path)
+    con.execute("INSERT INTO jobs (id, name, state, layout, gpus_per_node, max_devices, created_at, updated_at)"
+                " VALUES (1, 'legacy', 'running', 'pp1tp1dp2', ?, ?, '2024-01-01', '2024-01-01')",
+                (gpus_per_node, max_devices))
+    con.commit()
+    return con
+
+
 def test_upgrade_from_v7_adds_components_and_node_sizes(tmp_path: Path) -> None:
     """Rows written before v8 read as component 0, and a node's size as the devices it was given."""
     old = _database_at(tmp_path, 7)
     assert "component" not in _columns(old)["rank_map_entries"] and "gpus" not in _columns(old)["nodes"]
-    con = sqlite3.connect(old)
-    con.execute("INSERT INTO jobs (id, name, state, layout, gpus_per_node, max_devices, created_at, updated_at)"
-                " VALUES (1, 'legacy', 'running', 'pp1tp1dp2', 2, 2, '2024-01-01', '2024-01-01')")
+    con = _with_legacy_job(old, gpus_per_node=2, max_devices=2)
     con.execute("INSERT INTO nodes (id, job_id, name, state, pinned) VALUES (1, 1, 'n1', 'active', 1)")
     con.executemany("INSERT INTO devices (node_id, gpu, state) VALUES (1, ?, 'used')", [(0,), (1,)])
     con.execute("INSERT INTO rank_maps (id, job_id, epoch, layout, started_at) VALUES (1, 1, 0, 'pp1tp1dp2', '2024-01-01')")
@@ -234,6 +242,25 @@ def test_upgrade_from_v7_adds_components_and_node_sizes(tmp_path: Path) -> None:
     assert [(n.gpus, n.component) for n in store.list_nodes(1)] == [(2, 0)]
     store.set_node_state(1, "b1", "idle", gpus=4, component=1)
     assert [(n.name, n.gpus, n.component) for n in store.list_nodes(1)] == [("n1", 2, 0), ("b1", 4, 1)]
+    store.close()
+    fresh = tmp_path / "fresh.db"
+    Store(f"sqlite:///{fresh}").close()
+    assert _columns(old) == _columns(fresh)
+
+
+def test_upgrade_from_v8_adds_a_jobs_max_nodes(tmp_path: Path) -> None:
+    old = _database_at(tmp_path, 8)
+    assert "max_nodes" not in _columns(old)["jobs"]
+    _with_legacy_job(old, gpus_per_node=4, max_devices=12).close()
+    store = Store(f"sqlite:///{old}")
+    assert (store.schema_found, store.schema_version) == (8, CURRENT_VERSION) and CURRENT_VERSION >= 9
+    from db.requests import most_nodes
+
+    assert store.get_job(1).max_nodes is None and most_nodes(store.get_job(1)) == 3  # the old derivation
+    store.update_job(1, max_nodes=4)
+    assert most_nodes(store.get_job(1)) == 4
+    with pytest.raises(ValueError, match="must be positive"):
+        store.update_job(1, max_nodes=0)
     store.close()
     fresh = tmp_path / "fresh.db"
     Store(f"sqlite:///{fresh}").close()

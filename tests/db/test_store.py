@@ -79,6 +79,18 @@ def test_migration_round_trip(store: Store, clock: FakeClock) -> None:
     assert store.get_migration(999) is None
 
 
+def test_migration_notes_are_appended_to_its_summary(store: Store, clock: FakeClock) -> None:
+    mid = seed_demo(store, clock)["migration"]
+    store.add_migration_notes(mid, ["component 1 (Slurm job 20): n4 released (scontrol update)"])
+    store.add_migration_notes(mid, ["n2 stays allocated, idle"])
+    m = store.get_migration(mid)
+    assert m.plan_summary["notes"] == ["component 1 (Slurm job 20): n4 released (scontrol update)",
+                                       "n2 stays allocated, idle"]
+    assert m.plan_summary["instructions"] == {"send": 12, "recv": 12}  # the plan's summary is kept
+    with pytest.raises(NotFoundError):
+        store.add_migration_notes(999, ["x"])
+
+
 def test_fragmentation_and_placement(store: Store, clock: FakeClock) -> None:
     ids = seed_demo(store, clock)
     p = store.placement(ids["llama"])

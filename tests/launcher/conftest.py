@@ -27,3 +27,15 @@ def slurm_testbed() -> Iterator[Testbed]:
     yield testbed
     if not was_up:
         testbed.down()
+
+
+@pytest.fixture(scope="module")
+def uneven(slurm_testbed: Testbed) -> Iterator[Testbed]:
+    """The testbed in shape 4,4,2,2 (partitions gpu4 = n1,n2 and gpu2 = n3,n4); the default shape
+    is back afterwards, for the other Slurm tests."""
+    testbed = Testbed(slurm_testbed.root, gpus=(4, 4, 2, 2))
+    testbed.up()
+    try:
+        yield testbed
+    finally:
+        slurm_testbed.up()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -98,18 +97,6 @@ HET_SCRIPT = """#!/bin/bash
 #SBATCH --partition=gpu2 --nodes=2 --ntasks-per-node=2 --gres=gpu:2
 sleep 120
 """
-
-
-@pytest.fixture(scope="module")
-def uneven(slurm_testbed: Testbed) -> Iterator[Testbed]:
-    """The testbed in shape 4,4,2,2 (partitions gpu4 = n1,n2 and gpu2 = n3,n4); the default shape
-    is back afterwards, for the other Slurm tests."""
-    testbed = Testbed(slurm_testbed.root, gpus=(4, 4, 2, 2))
-    testbed.up()
-    try:
-        yield testbed
-    finally:
-        slurm_testbed.up()
 
 
 def _running(slurm: SlurmCommands, job_id: int, timeout: float = 30.0) -> None:

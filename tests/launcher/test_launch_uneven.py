@@ -88,6 +88,7 @@ def test_shrink_off_the_small_node_and_grow_back_bit_exact(tmp_path) -> None:
         [("node0", 0), ("node0", 1), ("node1", 0)], [("node0", 0), ("node0", 1)],
         [("node0", 0), ("node0", 1), ("node1", 0)]]
     assert {e.component for m in maps for e in m.entries} == {0}  # the local backend is one plain job
+    assert job.max_nodes == 2  # --nnodes MAX: what a grow request may ask for (not 3 devices / 2 per node)
     assert {n.name: (n.gpus, n.component) for n in store.list_nodes(job.id)} == {"node0": (2, 0), "node1": (1, 0)}
     assert [len(r["cells"]) for r in store.placement(job.id)["grid"]] == [2, 1]  # one cell per GPU a node has
     migs = store.recent_migrations(job.id, limit=10)
