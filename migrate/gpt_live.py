@@ -1,0 +1,57 @@
+"""The reference GPT for the public runtime API (launcher.runtime): its stage builder and its manifest.
+
+The reference model (migrate.gpt.GPTStage) shards itself Megatron-style: every rank holds plain
+tensors that are its TP shard, under the model's global names (`layers.5.mlp.fc1.weight` on the
+stage that holds layer 5). Through the runtime it is one producer of state manifests among others:
+`stage_manifest` says what a rank of a layout holds, named as the runtime exports state
+(`state_dict` keys, `optim.state.<name>.<key>` for Adam's moments and step), with migrate.layout's
+shard rules (the same as DTensor's Shard(d) chunks when a TP size divides the sharded dimension,
+which ModelSpec.check_config requires). `build_stage` builds that rank's stage for a runtime layout,
+its weights cut from the seeded full tensors (migrate.state), so every layout starts from one model.
+
+What `python -m launcher.worker` needs on top (issue 9, not done): the runtime accepting a manifest
+producer for models that shard themselves, checkpoints of plain-tensor shards, pipeline stages
+through the runtime, and the worker's loop on `runtime.join` / `job.next_step()`.
+"""
+from __future__ import annotations
+
+from migrate.layout import ModelSpec, ParallelConfig
+from migrate.manifest import Manifest, ShardEntry, gpt_manifest
+
+#: Adam's per-parameter state as torch keeps it (moments shaped like the parameter, a scalar step)
+ADAM_MOMENTS, ADAM_SCALARS = ("exp_avg", "exp_avg_sq"), ("step",)
+
+
+def stage_manifest(model: ModelSpec, cfg: ParallelConfig, rank: int) -> Manifest:
+    """What virtual rank `rank` of `cfg` holds through the runtime: parameters, Adam moments and step."""
+    if model.dtype != "fp32":
+        raise ValueError(f"the reference GPT runs through the runtime in fp32 only (got {model.dtype}): "
+                         "mixed precision keeps a master copy the runtime does not move")
+    entries = []
+    for e in gpt_manifest(model, cfg, rank).entries:
+        kind, _, name = e.fqn.partition(".")
+        if kind == "param":
+            entries.append(ShardEntry(name, e.shape, e.dtype, e.dim, e.index, e.count))
+            entries += [ShardEntry(f"optim.state.{name}.{k}", (), "float32") for k in ADAM_SCALARS]
+        elif kind in ADAM_MOMENTS:
+            entries.append(ShardEntry(f"optim.state.{name}.{kind}", e.shape, e.dtype, e.dim, e.index, e.count))
+    return Manifest(tuple(entries))
+
+
+def build_stage(model: ModelSpec, layout, seed: int = 0):
+    """This rank's GPTStage for runtime layout `layout` (its `name`, `rank`, `tp_mesh`; no mesh on the
+    meta device), filled with its shard of the seeded initial weights (left empty on the meta device)."""
+    import torch
+
+    from migrate.gpt import GPTStage, TPGroup
+    from migrate.state import initial_state, rank_workload
+
+    cfg = ParallelConfig.parse(layout.name)
+    model.check_config(cfg)
+    pp, dp, tp = cfg.coords(layout.rank)
+    group = layout.tp_mesh.get_group() if cfg.tp > 1 and getattr(layout, "mesh", None) is not None else None
+    tp_ranks = [cfg.rank(pp, dp, t) for t in range(cfg.tp)] if group is not None else []
+    stage = GPTStage(model, rank_workload(cfg, layout.rank, model.layers, cfg.tp), TPGroup(group, tp_ranks, tp))
+    if torch.empty(0).device.type != "meta":
+        stage.load(initial_state(model, cfg, layout.rank, seed).tensors["param"])
+    return stage
