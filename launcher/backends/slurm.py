@@ -184,7 +184,16 @@ class SlurmNodes:
         return stop_handle(handle, timeout)
 
     def signal(self, handle: NodeHandle, sig: int = signal_module.SIGTERM) -> None:
-        handle.signal(sig)  # srun forwards it to the step's tasks
+        """Signal the node's tasks through slurmctld (srun itself would SIGKILL them on a SIGTERM); a step
+        Slurm does not list yet (srun just started) gets the signal through srun."""
+        if handle.step is not None and handle.step.poll() is None:
+            try:
+                if self.slurm.signal_step_on(self.job_of(handle.node), handle.node, sig) is not None:
+                    return
+            except SlurmError as exc:
+                print(f"[elastic-launch] signalling the step on {handle.node} through Slurm failed: {exc}; "
+                      "signalling srun", file=sys.stderr, flush=True)
+        handle.signal(sig)
 
     def keep_rank(self, node: str) -> int:
         """Nodes that cannot be given back first (the job's own, a heterogeneous job's leader

@@ -328,6 +328,25 @@ def build_signal_command(job_id: int | str, sig: int | str, batch: bool = False)
     return cmd + [str(job_id)]
 
 
+def build_steps_command(job_id: int | str) -> list[str]:
+    """`squeue --steps` of one job: one `STEPID NODELIST` line per step (batch and extern included)."""
+    return ["squeue", "--steps", f"--jobs={job_id}", "--noheader", "--format=%i %N"]
+
+
+def parse_step_on_node(text: str, node: str) -> str | None:
+    """The newest worker step (`JOB.N`, N a number: not the batch or extern step) whose nodes include
+    `node`, from build_steps_command's output; None when there is none (not started yet, or ended)."""
+    best: tuple[int, str] | None = None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 2 or "." not in parts[0]:
+            continue
+        step = parts[0].rpartition(".")[2]
+        if step.isdigit() and node in expand_hostlist(parts[1]) and (best is None or int(step) > best[0]):
+            best = (int(step), parts[0])
+    return best[1] if best else None
+
+
 def _signal_name(sig: int | str) -> str:
     """Signal.SIGUSR1, 10, 'USR1' and 'SIGUSR1' all become 'USR1' (scancel's spelling)."""
     if isinstance(sig, str):
@@ -499,6 +518,8 @@ class SlurmBackend(Protocol):
 
     def signal(self, job_id: int, sig: int | str, batch: bool = False) -> None: ...
 
+    def signal_step_on(self, job_id: int, node: str, sig: int | str) -> str | None: ...
+
     def nodes(self) -> list[NodeInfo]: ...
 
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
@@ -620,6 +641,28 @@ class SlurmCommands:
         """Signal the job's steps, or with batch=True its batch shell."""
         self._run(build_signal_command(job_id, sig, batch), f"sending {_signal_name(sig)} to job {job_id}",
                   "the job must be running; check it with `squeue`")
+
+    def signal_step_on(self, job_id: int, node: str, sig: int | str) -> str | None:
+        """Send `sig` to the tasks of job `job_id`'s worker step on `node` through slurmctld (`scancel
+        --signal=SIG JOB.STEP`); returns the step, or None when no such step is listed yet.
+
+        Why not signal srun: srun forwards only some signals; on SIGTERM, SIGHUP or SIGQUIT it forces
+        the step's termination and the tasks get SIGKILL (measured on the testbed: a task's SIGTERM
+        handler never ran), which breaks torchrun's contract of SIGTERM first.
+
+        Slurm 22.05's scancel exits 225 "Invalid job id specified" for a step on some nodes of a job
+        (measured: a step on n2 of a job on n1,n2) although the tasks got the signal: that answer counts
+        as delivered."""
+        step = parse_step_on_node(self._run(build_steps_command(job_id), f"listing the steps of job {job_id}",
+                                            _STATUS_HINT), node)
+        if step is not None:
+            try:
+                self._run(build_signal_command(step, sig), f"sending {_signal_name(sig)} to step {step}",
+                          "the step must be running; check it with `squeue --steps`")
+            except SlurmError as exc:
+                if "Invalid job id specified" not in exc.stderr:
+                    raise
+        return step
 
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
                    gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
