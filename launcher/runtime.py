@@ -108,8 +108,10 @@ class Job:
     """One worker of a live-mode job (see the module docstring); made by `join`."""
 
     def __init__(self, ctl: C.Control, device: int, model: Callable, tp_plan: Mapping | None,
-                 optimizer: Callable, state: Mapping[str, object]) -> None:
+                 optimizer: Callable, state: Mapping[str, object], manifest: Callable | None = None) -> None:
         self.ctl, self.device = ctl, device
+        self._produce = manifest  # layout -> this rank's Manifest, for a model that shards itself
+        self._mcache: dict[str, list] = {}
         self._build_model, self.tp_plan, self._build_opt = model, dict(tp_plan or {}), optimizer
         self.extras = dict(state)
         self.model = self.optimizer = None
@@ -191,8 +193,7 @@ class Job:
         if self.ckpt_every and self.step and self.step % self.ckpt_every == 0 and self._saved != self.step:
             self._saved = self.step
             with self.guard():
-                path = runtime_ckpt.save(self.ckpt_dir, self.model, self.optimizer, self.extras, self.step,
-                                         self.layout.rank)
+                path = self._save_checkpoint()
                 if self.layout.rank == 0:
                     self.log(f"safety checkpoint {path}")
 
@@ -222,6 +223,14 @@ class Job:
             self.step = self._committed
             for k, obj in self.extras.items():
                 obj.load_state_dict(self._snap[k])
+
+    def _my_manifest(self):
+        return self._manifests(self.layout.name)[self.layout.rank]
+
+    def _save_checkpoint(self) -> str:
+        """This rank's part of a checkpoint of the current step (every rank of the world calls it)."""
+        return runtime_ckpt.save(self.ckpt_dir, _state_views(self.model, self.optimizer), self._my_manifest(),
+                                 self.layout.mesh, self.extras, self.step, self.layout.rank)
 
     def _extras_state(self) -> dict:
         return {k: copy.deepcopy(v.state_dict()) for k, v in self.extras.items()}
@@ -256,8 +265,9 @@ class Job:
         if path:
             t0 = time.perf_counter()
             try:
-                self.step = self._committed = self._saved = runtime_ckpt.load(path, self.model, self.optimizer,
-                                                                               self.extras)
+                self.step = self._committed = self._saved = runtime_ckpt.load(
+                    path, _state_views(self.model, self.optimizer), self._my_manifest(), self.layout.mesh,
+                    self.extras)
             except Exception as exc:
                 self.ctl.set_result(ev["epoch"], self.device, {"ok": False, "error": f"device {self.device}: "
                                     f"loading {path} failed: {type(exc).__name__}: {exc}", "phases": {}})
@@ -287,8 +297,7 @@ class Job:
         try:
             if not self.ckpt_dir:
                 raise RuntimeError(f"${C.ENV_CKPT_DIR} is unset")
-            path = runtime_ckpt.save(self.ckpt_dir, self.model, self.optimizer, self.extras, self.step,
-                                     self.layout.rank)
+            path = self._save_checkpoint()
             result.update(ok=True, path=path, phases={"other": time.perf_counter() - t0})
             self.log(f"suspended: state of step {self.step} written to {path}")
         except Exception as exc:
@@ -361,6 +370,8 @@ class Job:
         from migrate.manifest import meta_module, plan_manifest
 
         lay = parse_layout(layout, 0, 0)
+        if self._produce is not None:
+            return [self._produce(parse_layout(layout, t, lay.tp * lay.dp)) for t in range(lay.tp)]
         kind = _optimizer_kind(self._build_opt)
         return [plan_manifest(meta_module(self._build_model, Layout(lay.tp, 1, t, lay.tp)), self.tp_plan, lay.tp, t,
                               kind) for t in range(lay.tp)]
@@ -369,7 +380,9 @@ class Job:
         """Per-rank manifests of `layout` (no process needs to hold it)."""
         from migrate.layout import ParallelConfig
 
-        cfg, classes = ParallelConfig.parse(layout), self._class_manifests(layout)
+        if layout not in self._mcache:
+            self._mcache[layout] = self._class_manifests(layout)
+        cfg, classes = ParallelConfig.parse(layout), self._mcache[layout]
         return [classes[cfg.coords(r)[0] * cfg.tp + cfg.coords(r)[2]] for r in range(cfg.world_size)]
 
     def _reshard(self, ev: dict) -> bool:
@@ -472,15 +485,20 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _export_local(model, opt) -> dict:
-    """This rank's pieces by FQN (migrate.manifest naming), detached from the model."""
-    out = {k: _local(v).detach().clone() for k, v in model.state_dict().items()}
+def _state_views(model, opt) -> dict:
+    """This rank's pieces by FQN (migrate.manifest naming): the model's and optimizer's own local tensors."""
+    out = {k: _local(v) for k, v in model.state_dict().items()}
     names = {id(p): n for n, p in model.named_parameters()}
     for p, st in opt.state.items():
         for key, v in st.items():
             if hasattr(v, "shape"):
-                out[f"optim.state.{names[id(p)]}.{key}"] = _local(v).detach().clone()
+                out[f"optim.state.{names[id(p)]}.{key}"] = _local(v)
     return out
+
+
+def _export_local(model, opt) -> dict:
+    """This rank's pieces by FQN, detached from the model (copies)."""
+    return {k: v.detach().clone() for k, v in _state_views(model, opt).items()}
 
 
 def _load_local(model, opt, local: Mapping) -> None:
@@ -523,12 +541,16 @@ def _loads(data: bytes):
 
 # -- joining --------------------------------------------------------------------------------------
 def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None,
-         state: Mapping[str, object] | None = None) -> Job:
+         state: Mapping[str, object] | None = None, manifest: Callable | None = None) -> Job:
     """Join the elastic job as one live-mode worker; returns the Job whose `next_step()` drives training.
 
     model(layout) -> nn.Module: the whole model, created identically on every rank (seed it);
     tp_plan: parallelize_module's plan, applied by the runtime when the layout has tp > 1;
-    optimizer(params) -> torch.optim.Optimizer; state: extra objects with state_dict/load_state_dict."""
+    optimizer(params) -> torch.optim.Optimizer; state: extra objects with state_dict/load_state_dict;
+    manifest(layout) -> migrate.manifest.Manifest: for a model that shards itself (its parameters are plain
+    tensors holding its TP shard, Megatron-style, e.g. migrate.gpt_live), what the rank `layout.rank` of a
+    layout holds (called for layouts no process holds yet too); without it the runtime derives it from
+    `tp_plan` on the meta device."""
     from launcher.worker import device_from_env
 
     if C.ENV_STORE not in os.environ:
@@ -536,7 +558,7 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
     device, _local_id, _gpn = device_from_env()
     ctl = C.Control.from_env()
     ctl.hello(device)
-    job = Job(ctl, device, model, tp_plan, optimizer, state or {})
+    job = Job(ctl, device, model, tp_plan, optimizer, state or {}, manifest)
     # the launcher places ranks with the ETC planner over these, for every layout shape it may choose
     shapes = ctl.get_json(C.KEY_SHAPES) if ctl.has(C.KEY_SHAPES) else ["pp1tp1"]
     spec = {"kind": "generic", "tp_plan": sorted(job.tp_plan),

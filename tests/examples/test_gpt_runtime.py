@@ -1,0 +1,45 @@
+"""The reference GPT through the public runtime API (tests/examples/gpt_script.py, migrate.gpt_live's builder
+and manifest) on 2 nodes x 2 devices: tp2dp2, shrunk to one node (tp2dp1) and grown back, live. Oracle: the
+loss of every step equals the uninterrupted one-process reference trainer's (within 1e-5: TP and DP change
+the reduction order), every step once."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from db import Store
+from launcher.backends.local import LocalNodes
+from launcher.loop import Launcher
+from launcher.options import Options
+from migrate.layout import ParallelConfig
+from tests.launcher.test_faults import check_curve, read_losses
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tmp_path: Path) -> None:
+    loss_file = tmp_path / "loss.txt"
+    cmd = ["python", str(ROOT / "tests" / "examples" / "gpt_script.py"), "--steps", "18", "--loss-file",
+           str(loss_file), "--step-sleep", "0.3"]
+    opts = Options(1, 2, 2, [ParallelConfig.parse(x) for x in ("tp2dp2", "tp2dp1")], cmd, job_name="gpt", poll=0.05,
+                   ready_timeout=120, migrate_timeout=120)
+    store = Store(f"sqlite:///{tmp_path}/e.db")
+    la = Launcher(opts, LocalNodes(2, 2, log_dir=tmp_path / "logs"), store)
+    t0, todo = time.monotonic(), [(3, 1), (10, 2)]
+
+    def until(la: Launcher) -> bool:
+        assert time.monotonic() - t0 < 300, [o.message for o in la.outcomes]
+        if todo and la.generic and la.max_step() >= todo[0][0]:
+            la.db.add_request(la.job_id, "shrink" if todo[0][1] == 1 else "grow", {"nodes": todo.pop(0)[1]}, "t")
+        return False
+
+    assert la.run(until=until) == 0, [o.message for o in la.outcomes]
+    rows = read_losses(loss_file)
+    check_curve(rows, 18)
+    layouts = [lay for _s, _v, lay in rows]
+    assert layouts[0] == "pp1tp2dp2" and "pp1tp2dp1" in layouts and layouts[-1] == "pp1tp2dp2"
+    job = store.find_job("gpt")
+    migs = sorted(store.recent_migrations(job.id, limit=10), key=lambda m: m.id)
+    assert [(m.status, m.from_layout, m.to_layout) for m in migs] == [
+        ("succeeded", "pp1tp2dp2", "pp1tp2dp1"), ("succeeded", "pp1tp2dp1", "pp1tp2dp2")]
+    assert migs[1].bytes_moved > 0
