@@ -29,7 +29,7 @@ from tests.launcher.test_slurm_companion import _cleanup, _companions, _done
 
 pytestmark = pytest.mark.slurm
 MODEL = dict(layers=12, hidden=64, heads=2, vocab=256, seq_len=32)
-WORKER = ("python -m launcher.worker --layers 12 --hidden 64 --heads 2 --vocab 256 --step-sleep 0.05 --log-every 0 "
+WORKER = ("python -m launcher.worker --layers 12 --hidden 64 --heads 2 --vocab 256 --step-sleep 0.3 --log-every 0 "
           "--collective-timeout 120")
 LAUNCH = f"{sys.executable} -m launcher.launch --gpus-per-node 4 --layouts pp4tp2,pp3tp2,pp2tp2 --placement packed"
 
@@ -140,7 +140,7 @@ def test_heterogeneous_job_shrinks_and_grows_each_component(uneven, tmp_path):
         assert _by_node(store, job.id)["n4"] == (2, 0)
         _trains_on(loss, "pp4tp2dp1")
         check_losses(loss)
-        print(f"heterogeneous job: 4 migrations in {time.monotonic() - t0:.0f} s")
+        print(f"heterogeneous job: 4 migrations, {_steps(loss)} steps in {time.monotonic() - t0:.0f} s")
     finally:
         _cleanup(uneven, slurm, [job_id], "elastic-het-companion-1")
 
