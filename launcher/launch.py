@@ -54,6 +54,22 @@ def dry_run(opts: Options, backend, db_url: str | None, out=None) -> None:
             print(shell_line(cmd) if not cmd[0].startswith("#") else cmd[0], file=out)
 
 
+def check_allocation(opts: Options, backend) -> None:
+    """The node range against the nodes as the backend holds them: on Slurm the GPUs of each node are
+    known only once the allocation is read (uneven nodes, a heterogeneous job), so a --layouts list that
+    fits --gpus-per-node everywhere may not fit them. A UsageError before anything starts."""
+    from launcher.policy import NoLayoutError, check_node_range
+
+    sizes = tuple(backend.gpus_on(n) for n in backend.allocation())
+    if opts.node_gpus or len(set(sizes)) < 2:
+        return  # checked by options_from_args already
+    try:
+        check_node_range(opts.min_nodes, min(opts.max_nodes, len(sizes)), opts.gpus_per_node, opts.layouts,
+                         opts.model, sizes)
+    except NoLayoutError as exc:
+        raise UsageError(f"--layouts/--nnodes on the allocation's nodes ({backend.describe()}): {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -63,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                                              min_nodes=opts.min_nodes, max_nodes=opts.max_nodes,
                                              local_nodes=args.local_nodes, log_dir=args.log_dir,
                                              node_gpus=opts.node_gpus)
+        check_allocation(opts, backend)
         if args.master_addr is None:
             opts.master_addr = backend.default_master_addr()
         if args.dry_run:

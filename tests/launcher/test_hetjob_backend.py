@@ -150,3 +150,46 @@ def test_companion_shape_follows_the_component_that_lost_most() -> None:
     assert (shape.component, shape.partition, shape.gpus) == (0, "gpu4", 4)
     back = [start[0], Holder(20, COMPONENT, ("n3",), "n3", "gpu2", 1), Holder(31, COMPANION, ("n5",), "n5", "gpu2", 1)]
     assert companion_shape(start, back, gpus).component == 1  # its companion made up for it: nothing lost
+
+
+# ---------------------------------------------------------------------- elastic-launch in such a job
+@pytest.fixture
+def het_slurm(monkeypatch):
+    """Slurm that knows heterogeneous job 19 (the recorded one) and nothing else; changes nothing."""
+    from launcher.backends import slurm_client
+
+    text = (GOLDEN / "hetjob_show_job_d.txt").read_text()
+    calls = []
+
+    def runner(cmd, *, input=None, env=None, timeout=None):
+        calls.append(list(cmd))
+        if [c for c in cmd if c != "-d"] == ["scontrol", "show", "job", "19"]:
+            return subprocess.CompletedProcess(cmd, 0, text, "")
+        return subprocess.CompletedProcess(cmd, 1, "", f"unexpected {cmd}\n")
+
+    monkeypatch.setattr(slurm_client, "select_backend", lambda *a, **k: SlurmCommands(runner=runner))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    return calls
+
+
+def test_dry_run_in_a_heterogeneous_job(het_slurm, capsys, tmp_path) -> None:
+    from launcher.launch import main
+
+    assert main(["--dry-run", "--backend", "slurm", "--job-id", "19", "--nnodes", "2:3", "--gpus-per-node", "4",
+                 "--layouts", "pp4tp2,pp2tp2", "--db", f"sqlite:///{tmp_path}/e.db", "--master-addr", "10.0.0.1",
+                 "--", "python", "-m", "launcher.worker", "--layers", "4"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("srun")]
+    assert [x.split()[1:3] for x in lines] == [["--jobid=19", "--het-group=0"], ["--jobid=19", "--het-group=1"],
+                                              ["--jobid=19", "--het-group=1"]]
+    assert [x.split("ELASTIC_FIRST_DEVICE=")[1].split()[0] for x in lines] == ["0", "4", "6"]
+    assert all(c[:2] == ["scontrol", "show"] for c in het_slurm)
+
+
+def test_layouts_that_do_not_fit_the_allocations_nodes_are_one_line(het_slurm, capsys, tmp_path) -> None:
+    from launcher.launch import main
+
+    assert main(["--dry-run", "--backend", "slurm", "--job-id", "19", "--nnodes", "2:3", "--gpus-per-node", "4",
+                 "--layouts", "pp1tp4", "--db", f"sqlite:///{tmp_path}/e.db",  # fits 4-GPU nodes, not 2-GPU ones
+                 "--", "python", "-m", "launcher.worker", "--layers", "4", "--hidden", "256"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "on the allocation's nodes" in err and "n3(2)" in err, err
