@@ -113,12 +113,13 @@ def _first_commit(la, world: str, deadline: float) -> float:
     return la.ctl.commit_times(world)[0]
 
 
-def _steady(la, deadline: float) -> dict[int, int]:
-    """Per-device peak RSS over one full training step."""
+def _steady(la, deadline: float) -> tuple[dict[int, int], float]:
+    """Per-device peak RSS over one full training step, and that step's time (commit to commit)."""
     _train(la, 1, deadline)  # start at a step boundary
+    before = la.ctl.commit_times(la.world)[1]
     with PeakWatch(la) as w:
         _train(la, 1, deadline)
-    return w.peaks
+    return w.peaks, la.ctl.commit_times(la.world)[1] - before
 
 
 def _resize(la, nodes: int):
@@ -168,7 +169,8 @@ def run_scenario(name: str, cfg: BenchConfig, workdir: Path, ceilings: dict[int,
     row: dict = {"scenario": name, "pause_s": None, "restart_pause_s": None, "speedup": None, "bytes_moved": None,
                  "peak_mem_ratio": None, "execute_gbps": None,
                  "ceiling_gbps": ceilings.get(max(prev.world_size, curr.world_size), 0.0) / 1e9,
-                 "bit_exact": None, "phases": None, "pause_breakdown": None, "error": None}
+                 "bit_exact": None, "phases": None, "pause_breakdown": None, "step_s_old": None, "step_s_new": None,
+                 "restart_breakdown": None, "error": None}
     deadline = time.monotonic() + timeout_s
     job = f"bench-{name}"
     workdir = workdir / name
@@ -180,7 +182,7 @@ def run_scenario(name: str, cfg: BenchConfig, workdir: Path, ceilings: dict[int,
         la = _launcher(cfg, n_prev, workdir, job, False, progress)
         la.start()
         _train(la, 2, deadline)
-        steady = _steady(la, deadline)
+        steady, row["step_s_old"] = _steady(la, deadline)
         la.opts.max_nodes = max(n_prev, n_curr)
         progress(f"[{name}] live resize {prev} -> {curr} ...")
         old_devices = la.current.devices
@@ -200,7 +202,7 @@ def run_scenario(name: str, cfg: BenchConfig, workdir: Path, ceilings: dict[int,
         execute_s = out.phases.get("execute", 0.0)
         row["execute_gbps"] = out.bytes_moved / execute_s / 1e9 if execute_s else None
         _train(la, 1, deadline)
-        steady_new = _steady(la, deadline)
+        steady_new, row["step_s_new"] = _steady(la, deadline)
         busiest = max(watch.peaks, key=watch.peaks.get)
         base = max(steady.get(busiest, 0), steady_new.get(busiest, 0))
         row["peak_mem_ratio"] = watch.peaks[busiest] / base if base else None
@@ -213,13 +215,18 @@ def run_scenario(name: str, cfg: BenchConfig, workdir: Path, ceilings: dict[int,
             sus = la.suspend("resize")
             if not sus.ok:
                 raise BenchError(f"suspend failed: {sus.message}")
+            saved = time.time()
             last = la.ctl.commit_times(la.world)[1]
             _shutdown(la)
             la = None
+            exited = time.time()
             la2 = _launcher(cfg, n_curr, workdir, job, True, progress)
-            la2.start()
+            la2.start()  # returns once every new worker has loaded its part of the checkpoint
+            loaded = time.time()
             first = _first_commit(la2, la2.world, deadline)
             row["restart_pause_s"] = first - last
+            row["restart_breakdown"] = {"stop+save": round(saved - last, 3), "exit": round(exited - saved, 3),
+                                        "start+load": round(loaded - exited, 3), "1st step": round(first - loaded, 3)}
             row["speedup"] = row["restart_pause_s"] / row["pause_s"] if row["pause_s"] else None
             la2.stop()
             progress(f"[{name}] restart pause {row['restart_pause_s']:.2f} s")
