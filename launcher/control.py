@@ -30,8 +30,11 @@ compare-and-set on the store) and each migration through `decide("ev/<e>/commit"
 step sets `abort/<world>`; the launcher sets it too when it sees a worker process end. So the
 survivors of a failure all hold the state of the same finished step.
 
-Each epoch runs in a fresh process-group world made from a `PrefixStore` on the same TCPStore:
-`m<e>` for the migration (old and new devices), `w<e>` for training on the new layout.
+Each epoch runs in a process-group world made from a `PrefixStore` on the same TCPStore: `m<e>` for
+the migration (old and new devices), `w<e>` for training on the new layout. Where the members are
+the same (a grow: the migration world is the new layout's devices; a shrink: the old layout's
+devices are the migration world) the reference worker keeps the process group (`join_world(...,
+keep=True)`); the store names (commits, aborts) are per world all the same.
 
 Timeline (what a pause is made of, launcher.timeline): every Control keeps wall-time marks of what
 its worker did (`mark`; joining and forming a world, voting on and committing a step are marked
@@ -115,6 +118,7 @@ class Control:
         self.device: int | None = None  # this worker's device, known once it joins a world
         self.marks: dict[str, float] = {}  # name -> wall time (time.time()) of what this worker did
         self._first_seen: set[str] = set()  # training worlds whose first commit this worker stamped
+        self.pg_members: list[int] | None = None  # devices of the process group this worker is in, by rank
 
     @classmethod
     def from_env(cls, timeout_s: float = 300.0) -> "Control":
@@ -295,21 +299,44 @@ class Control:
 
     # -- process-group worlds ---------------------------------------------------------------
     def join_world(self, name: str, members: list[int], device: int, timeout_s: float,
-                   abort_key: str | None = None) -> int:
-        """Leave the current world (if any) and join world `name` of `members`; returns my rank in it.
+                   abort_key: str | None = None, keep: bool = False) -> int:
+        """Leave the current world (if any) and join world `name` of `members`; returns my rank in it
+        (my index in `members`; `world_ranks(members)` gives the process-group rank of each member).
 
         With `abort_key`, the members first meet on the store and WorldAborted is raised when the key
         appears before all of them arrived (a member died): gloo's own rendezvous would wait out
-        `timeout_s` for it."""
+        `timeout_s` for it.
+
+        keep=True (with `abort_key`): when the process group this worker is in has exactly these members
+        (in any order) and every member asks to keep it, it is kept as the world `name` instead of forming
+        a new one (a gloo world of N processes
+        takes from 0.05 s to 0.5 s on this machine to form, inside the pause). Only a caller that
+        knows the group is healthy says so: after a migration committed in it, or a training
+        world whose steps commit; a group whose sockets were cut is never kept."""
         self.device = device
         self.mark(f"join {name}")
-        if dist.is_initialized():
-            dist.destroy_process_group()
         rank = members.index(device)
+        can_keep = keep and abort_key is not None and dist.is_initialized() and self.pg_members is not None \
+            and sorted(self.pg_members) == sorted(members)
+        if can_keep:
+            self.store.add(f"keep/{name}", 1)
         if abort_key is not None and not self.decide(f"join/{name}", len(members), abort_key):
             raise WorldAborted(f"world {name}: a member did not arrive ({abort_key} set)")
+        # every member's wish was counted before its vote: the group is kept only if all of them can keep it
+        kept = can_keep and self.store.add(f"keep/{name}", 0) == len(members)
+        if dist.is_initialized() and not kept:
+            dist.destroy_process_group()
+            self.pg_members = None
         self.mark(f"met {name}")
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"world/{name}/", self.store), rank=rank,
-                                world_size=len(members), timeout=timedelta(seconds=timeout_s))
+        if not kept:
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"world/{name}/", self.store), rank=rank,
+                                    world_size=len(members), timeout=timedelta(seconds=timeout_s))
+            self.pg_members = list(members)
         self.mark(f"formed {name}")
         return rank
+
+    def world_ranks(self, devices: Iterable[int]) -> list[int]:
+        """The process-group rank of each of `devices` in the world this worker is in."""
+        if self.pg_members is None:
+            raise RuntimeError("not in a world (join_world first)")
+        return [self.pg_members.index(d) for d in devices]

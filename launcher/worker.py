@@ -118,6 +118,7 @@ class Worker:
         self.pending = None  # (future, step, coordinator?) of a safety checkpoint being written
         self.used_dcp = False
         self.prepared: dict[int, dict] = {}  # event -> new tensors allocated ahead of that migration
+        self.world_rank: list[int] = []  # process-group rank of each virtual rank of the layout
 
     def _die(self, point: str, n: int | None = None) -> None:
         die_at(self.fault, point, n, self.log)
@@ -141,9 +142,10 @@ class Worker:
                            "MASTER_PORT": str(self.ctl.port), "ELASTIC_VIRTUAL_RANK": str(vrank),
                            "ELASTIC_LAYOUT": layout})
 
-    def _train_on(self, layout: str, devices: list[int], state, world: str) -> float:
+    def _train_on(self, layout: str, devices: list[int], state, world: str, keep: bool = False) -> float:
         """Join training world `world` of `devices` (virtual rank order), build the trainer;
-        returns the seconds spent on process groups (the rest is the rebuild)."""
+        returns the seconds spent on process groups (the rest is the rebuild). keep=True: the process
+        group this worker is in is healthy and may be kept when it has the same members (join_world)."""
         from migrate.layout import ParallelConfig
         from migrate.train import Groups, Trainer
 
@@ -152,13 +154,13 @@ class Worker:
         self.ckpt_group = None
         try:
             rank = self.ctl.join_world(world, devices, self.device, self.args.collective_timeout,
-                                       abort_key=f"abort/{world}")
+                                       abort_key=f"abort/{world}", keep=keep)
         except C.WorldAborted:
             self.trainer, self.kept, self.world = None, None if callable(state) else state, None
             self.log(f"{world} not formed (a member failed); state kept at step {state.step}, waiting for recovery")
             raise
         self._export_env(rank, len(devices), rank, str(cfg))
-        world_rank = list(range(len(devices)))
+        self.world_rank = world_rank = self.ctl.world_ranks(devices)  # process-group rank of each virtual rank
         groups = Groups(cfg, world_rank, rank)
         if self.ckpt_every:  # background saves talk on their own group, never interleaved with training's
             import torch.distributed as dist
@@ -255,7 +257,7 @@ class Worker:
         try:
             self.used_dcp = True
             save_checkpoint(self.model, self.trainer.cfg, self.trainer.export_state(), tmp,
-                            list(range(len(self.layout_devices))))
+                            self.world_rank)
             dist.barrier()  # every rank's part is on disk (and DCP needs it before teardown)
             if rank == 0:
                 C.finalize_checkpoint(self.ckpt_dir, step)
@@ -276,7 +278,7 @@ class Worker:
         self.used_dcp = True
         try:
             fut = save_checkpoint(self.model, self.trainer.cfg, self.trainer.export_state(), tmp,
-                                  list(range(len(self.layout_devices))), group=self.ckpt_group, background=True)
+                                  self.world_rank, group=self.ckpt_group, background=True)
         except Exception as exc:
             self.log(f"safety checkpoint of step {step} not started: {type(exc).__name__}: {exc}")
             return
@@ -324,6 +326,7 @@ class Worker:
             return self.device not in ev["exit_ok"]
         t0 = time.perf_counter()
         self.ctl.mark("boundary")
+        healthy = self.trainer is not None and not self.broken  # its training world's steps commit: keep it
         p = MigrationPlan.from_dict(ev["plan"])
         state = self.trainer.export_state() if self.trainer is not None else self.kept
         if self.device in p.failed:
@@ -337,12 +340,13 @@ class Worker:
         try:
             try:
                 self.ctl.join_world(f"m{e}", participants, self.device, self.args.collective_timeout,
-                                    abort_key=f"ev/{e}/commit")
+                                    abort_key=f"ev/{e}/commit", keep=healthy)
             except C.WorldAborted as exc:
                 raise MigrationError(f"device {self.device}: {exc}; old layout kept") from None
             t1 = time.perf_counter()
             hook = (lambda r: self._die("round", r)) if self.fault and self.fault[0] == "round" else None
-            res = execute(p, self.device, state, world_rank={d: i for i, d in enumerate(participants)}, on_round=hook,
+            res = execute(p, self.device, state, world_rank=dict(zip(participants, self.ctl.world_ranks(participants))),
+                          on_round=hook,
                           release_early=bool(ev.get("release_early")), targets=targets)
             self.ctl.mark("moved")
             self._die("commit")
@@ -359,7 +363,7 @@ class Worker:
             groups_s = 0.0
             if not leave:
                 try:
-                    groups_s = self._train_on(str(p.curr.layout), new_devices, new_state, f"w{e}")
+                    groups_s = self._train_on(str(p.curr.layout), new_devices, new_state, f"w{e}", keep=True)
                 except C.WorldAborted:  # committed, but a new-layout peer died before training
                     result.update(ok=True, step=new_state.step, phases={"execute": t2 - t1})
                     self.ctl.set_result(e, self.device, result)

@@ -43,3 +43,28 @@ def test_an_aborted_step_stamps_nothing() -> None:
     voter = Control("127.0.0.1", server.port)
     assert voter.commit_step("w2", 0, 2) is False  # the second voter never comes; the world was aborted
     assert server.commit_times("w2") == (None, None)
+
+
+
+def _result(server: Control, epoch: int, device: int) -> dict:
+    """The result once the store has it: a TCPStore `set` is not acknowledged, so another connection
+    may read before it lands (seen in about 1 of 5 immediate reads on this machine)."""
+    deadline = time.monotonic() + 10
+    while not server.results(epoch, [device]) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return server.results(epoch, [device])[device]
+
+
+def test_marks_travel_with_results_and_the_first_commit_of_a_world_is_stamped_per_device() -> None:
+    server = Control("127.0.0.1", 0, server=True)
+    worker = Control("127.0.0.1", server.port)
+    worker.device = 3
+    worker.mark("boundary", 12.5)
+    assert worker.commit_step("w4", 0, 1) and worker.commit_step("w4", 1, 1)
+    worker.set_result(4, 3, {"ok": True})  # after the marks' set: the same connection keeps the order
+    got = _result(server, 4, 3)
+    assert got["ok"] is True and got["marks"]["boundary"] == 12.5 and "voted" in got["marks"]
+    first = server.first_step_marks("w4", [3, 5])
+    assert list(first) == [3] and first[3]["voted"] <= first[3]["committed"] <= server.commit_times("w4")[1]
+    worker.set_result(5, 3, {"ok": True})  # sent marks are cleared; the last step's vote and commit stay
+    assert set(_result(server, 5, 3)["marks"]) == {"voted", "committed"}

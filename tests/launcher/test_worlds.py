@@ -1,0 +1,51 @@
+"""Process-group worlds kept across migrations (Control.join_world keep=True), with real processes and
+real gloo groups: a world is kept only when its members are the same and every member asks to keep it."""
+from __future__ import annotations
+
+from tests.migrate.spawned import run_spawned
+
+
+def _members(rank: int, port: int, queue) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    from launcher.control import Control
+
+    ctl = Control("127.0.0.1", port, server=rank == 0)
+    out = {}
+
+    def summed() -> float:
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        return float(t)
+
+    ctl.join_world("a", [0, 1], rank, 30, abort_key="abort/a")
+    first = _get_default_group()
+    # same members in another order, both ask: kept; ranks in the group stay those of world a
+    out["b_rank"] = ctl.join_world("b", [1, 0], rank, 30, abort_key="abort/b", keep=True)
+    out["b_kept"] = _get_default_group() is first
+    out["b_world_ranks"] = ctl.world_ranks([1, 0])
+    out["b_sum"] = summed()
+    # only one member asks: a new group for both (neither waits for the other in the old one)
+    ctl.join_world("c", [0, 1], rank, 30, abort_key="abort/c", keep=rank == 0)
+    third = _get_default_group()
+    out["c_kept"] = third is first
+    out["c_sum"] = summed()
+    # without a meeting on the store (no abort key) nothing can be agreed: never kept
+    ctl.join_world("d", [0, 1], rank, 30, keep=True)
+    out["d_kept"] = _get_default_group() is third
+    out["d_sum"] = summed()
+    dist.barrier()
+    dist.destroy_process_group()
+    queue.put((rank, out))
+
+
+def test_a_world_is_kept_only_when_every_member_asks_and_the_members_are_the_same() -> None:
+    got = run_spawned(_members, 2)
+    for rank in (0, 1):
+        out = got[rank]
+        assert out["b_rank"] == [1, 0].index(rank)
+        assert out["b_kept"] is True and out["b_world_ranks"] == [1, 0]
+        assert out["c_kept"] is False and out["d_kept"] is False
+        assert out["b_sum"] == out["c_sum"] == out["d_sum"] == 3.0
