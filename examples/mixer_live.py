@@ -121,6 +121,8 @@ def train_step(job, data: DataPosition, args) -> None:
         state = full_state(job)
         if lay.rank == 0:
             torch.save(state, args.dump_dir / f"after-{job.step}.pt")
+    if lay.rank == 0:
+        job.report_loss(loss)  # elastic: the job's loss timeline (elastic history, dashboard)
     if lay.rank == 0 and args.log:
         with open(args.log, "a") as f:
             f.write(f"{job.step} {loss.item():.6f} {lay.name} {data.samples}\n")

@@ -20,6 +20,8 @@ runs its own step; at every step boundary it hands control to the runtime:
             job.optimizer.zero_grad(); loss.backward()
             job.reduce_gradients()                       # DP all-reduce (mean)
             job.optimizer.step()                         # applied by every rank or by none
+            if job.layout.rank == 0:
+                job.report_loss(loss)                    # the job's loss timeline (elastic history, dashboard)
 
 `job.layout` says where this process stands: `tp`, `dp` (and their ranks), `rank`, `world_size`,
 `mesh` (a (dp, tp) DeviceMesh), `tp_mesh`, `dp_group`. The state that moves is the torch-native
@@ -171,6 +173,11 @@ class Job:
             if self.model is None or not runtime_faults.is_peer_failure(exc, self.ctl, self.world):
                 raise
             self._abandon(exc)
+
+    def report_loss(self, loss) -> None:
+        """This step's loss for the job's timeline (`elastic history`, the dashboard): the launcher copies
+        the latest report into the database. Call it on one rank, after the step (e.g. layout.rank == 0)."""
+        self.ctl.set_loss(self.step, float(loss), self.layout.name)
 
     def reduce_gradients(self) -> None:
         """Average the gradients over the DP replicas (call after backward, before optimizer.step)."""

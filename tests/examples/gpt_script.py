@@ -50,6 +50,7 @@ def main() -> None:
             if lay.dp > 1:
                 dist.all_reduce(total, group=lay.dp_group)
             if lay.rank == 0:
+                job.report_loss(total)  # the job's timeline in the database
                 with open(args.loss_file, "a") as f:
                     f.write(f"{job.step} {float(total)!r} {lay.name}\n")
         time.sleep(args.step_sleep)

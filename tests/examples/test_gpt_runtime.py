@@ -43,3 +43,5 @@ def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tm
     assert [(m.status, m.from_layout, m.to_layout) for m in migs] == [
         ("succeeded", "pp1tp2dp2", "pp1tp2dp1"), ("succeeded", "pp1tp2dp1", "pp1tp2dp2")]
     assert migs[1].bytes_moved > 0
+    timeline = store.steps(job.id)  # job.report_loss: the latest step at each poll of the launcher
+    assert timeline and {(r.step, r.loss, r.layout) for r in timeline} <= set(rows), (timeline, rows)
