@@ -10,6 +10,11 @@ Per scenario, one job:
      and resumed by a new launcher on the new layout (new processes, resharding load, first step):
      the restart pause runs from the last commit before the suspend to the first after the resume.
 
+What each row says besides the pause: `pause_breakdown` (the critical path of the live pause from
+the workers' marks, launcher.timeline; `--explain` prints every worker's row), `restart_breakdown`
+(stop+save, exit, start+load, first step), and `step_s_old`/`step_s_new`, one steady step commit to
+commit: both pauses contain one step on the new layout, so no pause can be shorter than that step.
+
 Memory: each worker's peak resident set (VmHWM, reset through /proc/<pid>/clear_refs) is sampled
 during the live resize and compared with the same worker's steady state over a training step on
 the old and on the new layout (the larger of the two: a shrink's receivers hold more afterwards).
