@@ -41,11 +41,10 @@ def _node_names(value: Any) -> list[str]:
     return names
 
 
-def most_nodes(job: Job, max_nodes: int | None = None) -> int:
-    """The most nodes the job may use: the launcher's --nnodes MAX where it is known (the launcher itself,
-    or its launch spec), else as recorded (v9), else (older rows) its max devices over GPUs per node,
-    rounded up (which undercounts uneven nodes)."""
-    return max_nodes or job.max_nodes or -(-job.max_devices // job.gpus_per_node)
+def most_nodes(job: Job) -> int:
+    """The most nodes the job may use: its --nnodes MAX as recorded (v9), else (older rows) its max
+    devices over GPUs per node, rounded up (which undercounts uneven nodes)."""
+    return job.max_nodes or -(-job.max_devices // job.gpus_per_node)
 
 
 def _preempt(job: Job, held: Sequence[str], raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,10 +73,8 @@ def _preempt(job: Job, held: Sequence[str], raw: Mapping[str, Any]) -> dict[str,
     return {"count": count}
 
 
-def _resize(action: str, job: Job, held: Sequence[str], raw: Mapping[str, Any],
-            max_nodes: int | None = None) -> dict[str, Any]:
-    n, now, floor = _whole("nodes", raw.get("nodes")), len(held), max(job.min_nodes, 1)
-    most = most_nodes(job, max_nodes)
+def _resize(action: str, job: Job, held: Sequence[str], raw: Mapping[str, Any]) -> dict[str, Any]:
+    n, now, floor, most = _whole("nodes", raw.get("nodes")), len(held), max(job.min_nodes, 1), most_nodes(job)
     if n == now:
         raise ValueError(f"job {job.name} already runs on {now} nodes")
     if (action == "grow") != (n > now):
@@ -91,12 +88,11 @@ def _resize(action: str, job: Job, held: Sequence[str], raw: Mapping[str, Any],
 
 
 def validate_request(job: Job, held: Sequence[str], pending: Sequence[AdminRequest], action: str,
-                     raw: Mapping[str, Any], max_nodes: int | None = None) -> dict[str, Any]:
+                     raw: Mapping[str, Any]) -> dict[str, Any]:
     """Normalised params for `action` on `job`, or ValueError saying why it cannot be queued.
 
     held: the nodes the job runs on now; pending: its requests not yet carried out (for duplicates);
-    raw: the fields given (ints, lists or form text; other keys are ignored); max_nodes: the
-    launcher's --nnodes MAX when known (its launch spec)."""
+    raw: the fields given (ints, lists or form text; other keys are ignored)."""
     if action not in REQUEST_ACTIONS:
         raise ValueError(f"unknown action {action[:40]!r}: expected one of {', '.join(REQUEST_ACTIONS)}")
     if job.state != NEEDS_STATE[action]:
@@ -105,7 +101,7 @@ def validate_request(job: Job, held: Sequence[str], pending: Sequence[AdminReque
     if action == "preempt":
         params = _preempt(job, held, raw)
     elif action in ("shrink", "grow"):
-        params = _resize(action, job, held, raw, max_nodes)
+        params = _resize(action, job, held, raw)
     else:
         params = {}
     for req in pending:
@@ -121,8 +117,5 @@ def held_nodes(store: "Store", job_id: int) -> list[str]:
 
 
 def check_request(store: "Store", job: Job, action: str, raw: Mapping[str, Any]) -> dict[str, Any]:
-    """validate_request against what the store records now (held nodes, pending requests, the launch
-    spec's --nnodes MAX)."""
-    spec = store.launch_spec(job.id) or {}
-    return validate_request(job, held_nodes(store, job.id), store.pending_requests(job.id), action, raw,
-                            spec.get("max_nodes"))
+    """validate_request against what the store records now (held nodes, pending requests)."""
+    return validate_request(job, held_nodes(store, job.id), store.pending_requests(job.id), action, raw)

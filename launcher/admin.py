@@ -31,7 +31,7 @@ def carry_out(la: "Launcher", req, trigger: str) -> Outcome:
     db.requests, on the nodes the launcher really holds: a request queued before a change may no
     longer fit)."""
     try:
-        validate_request(la.db.get_job(la.job_id), list(la.active), (), req.action, req.params, la.opts.max_nodes)
+        validate_request(la.db.get_job(la.job_id), list(la.active), (), req.action, req.params)
     except ValueError as exc:
         return Outcome(trigger, False, str(exc))
     active, opts = len(la.active), la.opts

@@ -34,17 +34,6 @@ def test_valid_requests_are_normalised(action: str, raw: dict[str, Any], params:
     assert validate_request(JOB, HELD, [], action, raw) == params
 
 
-def test_uneven_nodes_count_nodes_by_the_launchers_max_not_by_devices() -> None:
-    """A job on nodes of 2,2,4 GPUs (8 devices, 4 on the largest): the launcher's --nnodes MAX (its launch
-    spec) says 3 nodes, where 8 devices over 4 GPUs per node would say 2."""
-    het = replace(JOB, max_devices=8, gpus_per_node=4)
-    with pytest.raises(ValueError, match="at most 2 nodes"):
-        validate_request(het, HELD[:2], [], "grow", {"nodes": 3})
-    assert validate_request(het, HELD[:2], [], "grow", {"nodes": 3}, max_nodes=3) == {"nodes": 3}
-    with pytest.raises(ValueError, match="at most 3 nodes"):
-        validate_request(het, HELD[:2], [], "grow", {"nodes": 4}, max_nodes=3)
-
-
 @pytest.mark.parametrize("job, action, raw, message", [
     (replace(JOB, state="finished"), "preempt", {"count": 1}, "is finished, not running"),
     (replace(JOB, state="failed"), "suspend", {}, "is failed, not running"),
