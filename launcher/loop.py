@@ -304,7 +304,7 @@ class Launcher:
         """Restart mode (torchrun's contract): the job is registered at once, every worker started as one world."""
         from launcher.restart import RestartMode
 
-        self.job_id = self.db.create_job(self.opts.job_name, f"pp1tp1dp{len(nodes) * self.gpn}", self.gpn,
+        self.job_id = self.db.create_job(self.opts.job_name, f"pp1tp1dp{self.devices_on(nodes)}", self.gpn,
                                          self.opts.max_nodes * self.gpn, slurm_job_id=self.slurm_job_id,
                                          pinned_node=self.backend.batch_node, nodes=nodes, mode="restart",
                                          min_nodes=self.opts.min_nodes, max_nodes=self.opts.max_nodes,

@@ -15,16 +15,22 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 
+from launcher.torchrun_exec import ENV_RANK_BASE
 
-def torchrun_env(*, master_addr: str, master_port: int, node_rank: int, nnodes: int, gpus_per_node: int,
+
+def torchrun_env(*, master_addr: str, master_port: int, node_rank: int, node_sizes: Sequence[int],
                  restart_count: int, run_id: str) -> dict[str, str]:
-    """The node-level torchrun variables of node `node_rank` of a world of `nnodes` x `gpus_per_node`
-    workers; launcher.torchrun_exec adds the per-process RANK and LOCAL_RANK."""
-    world = nnodes * gpus_per_node
+    """The node-level torchrun variables of node `node_rank` of a world whose nodes run `node_sizes`
+    workers each (uneven nodes differ); launcher.torchrun_exec adds the per-process RANK and LOCAL_RANK
+    from ELASTIC_RANK_BASE, the rank of the node's first worker (GROUP_RANK x LOCAL_WORLD_SIZE only when
+    nodes are alike)."""
+    world = sum(node_sizes)
     return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "GROUP_RANK": str(node_rank),
-            "GROUP_WORLD_SIZE": str(nnodes), "LOCAL_WORLD_SIZE": str(gpus_per_node), "WORLD_SIZE": str(world),
+            "GROUP_WORLD_SIZE": str(len(node_sizes)), "LOCAL_WORLD_SIZE": str(node_sizes[node_rank]),
+            "WORLD_SIZE": str(world), ENV_RANK_BASE: str(sum(node_sizes[:node_rank])),
             "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(world), "TORCHELASTIC_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
             "TORCHELASTIC_MAX_RESTARTS": "-1", "OMP_NUM_THREADS": "1"}
@@ -90,12 +96,12 @@ class RestartMode:
         """Start every worker of `nodes` as one torchrun world (a fresh rendezvous store)."""
         la = self.la
         nodes = [n for n in la.alloc if n in set(nodes)]
-        port = self.rdzv.new_world(len(nodes) * la.gpn)
+        sizes = [len(la.node_devices(n)) for n in nodes]
+        port = self.rdzv.new_world(sum(sizes))
         for pos, n in enumerate(nodes):
             env = {**la.request.env(la.epoch + 1),
-                   **torchrun_env(master_addr=la.opts.master_addr, master_port=port, node_rank=pos, nnodes=len(nodes),
-                                  gpus_per_node=la.gpn, restart_count=self.count,
-                                  run_id=f"{la.opts.job_name}-{la.job_id}")}
+                   **torchrun_env(master_addr=la.opts.master_addr, master_port=port, node_rank=pos, node_sizes=sizes,
+                                  restart_count=self.count, run_id=f"{la.opts.job_name}-{la.job_id}")}
             for d in la.node_devices(n):  # an earlier world's processes said these
                 la.ctl.store.delete_key(f"hello/{d}")
                 la.ctl.store.delete_key(f"ready/{d}")

@@ -5,10 +5,12 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*); on Slurm one `srun` step 
 a node with the same environment, so the per-process ones are derived here from the task's local
 index ($ELASTIC_LOCAL_ID, else $SLURM_LOCALID):
 
-    LOCAL_RANK = local index        RANK = ROLE_RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK
+    LOCAL_RANK = local index        RANK = ROLE_RANK = $ELASTIC_RANK_BASE + LOCAL_RANK
 
-then the process is replaced by PROGRAM (same pid, so the launcher's SIGTERM reaches it). A program
-that cannot be started is reported in one line (exit 127), not a traceback.
+($ELASTIC_RANK_BASE: the rank of the node's first worker, which nodes of different sizes need; without
+it GROUP_RANK * LOCAL_WORLD_SIZE, nodes alike), then the process is replaced by PROGRAM (same pid, so
+the launcher's SIGTERM reaches it). A program that cannot be started is reported in one line (exit
+127), not a traceback.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 
 ENV_LOCAL_ID = "ELASTIC_LOCAL_ID"  # same name as launcher.control.ENV_LOCAL_ID (no torch import here)
+ENV_RANK_BASE = "ELASTIC_RANK_BASE"  # RANK of the node's first worker (nodes may run different numbers)
 
 
 def rank_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -25,7 +28,8 @@ def rank_env(env: Mapping[str, str]) -> dict[str, str]:
     local = int(env.get(ENV_LOCAL_ID, env.get("SLURM_LOCALID", "0")))
     if "GROUP_RANK" not in env:
         return {"LOCAL_RANK": str(local)}
-    rank = int(env["GROUP_RANK"]) * int(env.get("LOCAL_WORLD_SIZE", "1")) + local
+    base = env.get(ENV_RANK_BASE)
+    rank = (int(base) if base is not None else int(env["GROUP_RANK"]) * int(env.get("LOCAL_WORLD_SIZE", "1"))) + local
     return {"LOCAL_RANK": str(local), "RANK": str(rank), "ROLE_RANK": str(rank)}
 
 

@@ -45,6 +45,20 @@ def test_every_worker_gets_torchruns_variables_and_a_rendezvous_of_its_own(tmp_p
     assert (job.state, job.mode, job.layout) == ("finished", "restart", "pp1tp1dp4")
 
 
+def test_uneven_nodes_number_ranks_node_by_node(tmp_path: Path) -> None:
+    """Nodes of 2 and 1 devices: ranks 0,1 on node 0 and 2 on node 1 (GROUP_RANK x LOCAL_WORLD_SIZE would
+    give node 1 rank 1 again), each node's own LOCAL_WORLD_SIZE, one world of 3."""
+    out = tmp_path / "env"
+    out.mkdir()
+    r = launch(tmp_path, "--nnodes", "2", "--gpus-per-node", "2,1", "--job-name", "uneven", "--",
+               "python", "-c", DUMP_ENV, str(out))
+    assert r.returncode == 0, r.stderr
+    envs = {int(p.name): json.loads(p.read_text()) for p in out.iterdir()}
+    assert {rank: (e["GROUP_RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["WORLD_SIZE"]) for rank, e in envs.items()} \
+        == {0: ("0", "0", "2", "3"), 1: ("0", "1", "2", "3"), 2: ("1", "0", "1", "3")}
+    assert Store(f"sqlite:///{tmp_path}/e.db").find_job("uneven").layout == "pp1tp1dp3"
+
+
 def test_a_missing_program_is_one_line(tmp_path: Path) -> None:
     r = launch(tmp_path, "--", "no-such-program-xyz")
     assert r.returncode == 2 and r.stderr.strip() == "elastic-launch: error: program not found: no-such-program-xyz"
