@@ -100,9 +100,9 @@ def _ring_worker(rank: int, n: int, port: int, nbytes: int, queue) -> None:
     dist.destroy_process_group()
 
 
-def loopback_ceiling(nprocs: int, nbytes: int = 32 << 20) -> float:
-    """Aggregate bytes/s of `nprocs` processes that each send `nbytes` to the next and receive from the
-    previous at the same time (gloo, loopback, buffers allocated ahead; best of three).
+def run_forked(target, nprocs: int, args: tuple, results: int, timeout: float = 300) -> list:
+    """Fork `nprocs` processes running target(rank, nprocs, port, *args, queue) around one free
+    rendezvous port; return the first `results` items they put on the queue.
 
     Forked, not spawned: a child needs no fresh torch import (seconds each on 2 cores); call it
     before this process starts threads of its own (the launcher's control store)."""
@@ -111,13 +111,19 @@ def loopback_ceiling(nprocs: int, nbytes: int = 32 << 20) -> float:
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_ring_worker, args=(r, nprocs, port, nbytes, queue)) for r in range(nprocs)]
+    procs = [ctx.Process(target=target, args=(r, nprocs, port, *args, queue)) for r in range(nprocs)]
     for p in procs:
         p.start()
     try:
-        return queue.get(timeout=300)
+        return [queue.get(timeout=timeout) for _ in range(results)]
     finally:
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+
+
+def loopback_ceiling(nprocs: int, nbytes: int = 32 << 20) -> float:
+    """Aggregate bytes/s of `nprocs` processes that each send `nbytes` to the next and receive from the
+    previous at the same time (gloo, loopback, buffers allocated ahead; best of three)."""
+    return run_forked(_ring_worker, nprocs, (nbytes,), 1)[0]

@@ -1,17 +1,18 @@
-"""Runs a `MigrationPlan` on one device with torch.distributed point-to-point operations.
+"""Runs a `MigrationPlan` on one device: the reference GPT's Send/Recv/Refer instructions, moved by
+the shared transfer layer (migrate.transfer) that the manifest engine (migrate.reshard) uses too.
 
-Every device derives the same global schedule from the plan: tensor pieces in model order,
-cut into rounds that move at most `chunk_bytes` into or out of any one device. In a round a
-device posts all its sends and receives with `batch_isend_irecv` and waits, so memory in
-flight is bounded and no device can wait on a peer that is still in an earlier round.
-Receives land in one buffer allocated once and reused (receiving into fresh memory is the
-slow path on CPU); refers reuse the old tensor object when the shard is unchanged.
+A device expands only its own instructions (`MigrationPlan.instructions_for`) into pieces, one per
+(tensor, state kind, slice range), named by a key its peer derives alike; the transfer layer sends
+them straight from the old tensors into the new ones (allocated ahead by `prepare_targets` when the
+worker learns of the migration), packs the small ones per peer, and works in windows of bounded
+memory. Refers reuse the old tensor object when the shard is unchanged.
 
-The old state is never modified: a failure anywhere leaves every device on its old layout.
-The new state is only adopted after every device has verified its checksums and voted.
+The old state is never modified (unless `release_early`): a failure anywhere leaves every device on
+its old layout. The new state is only adopted after every device has verified its checksums and voted.
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,20 +24,18 @@ from migrate.checksum import unit_digest
 from migrate.layout import ModelSpec, TensorSpec
 from migrate.plan import MigrationPlan
 from migrate.state import LocalState, TORCH_DTYPES, held_tensors, local_shape, rank_workload, shard_range
+from migrate.transfer import WINDOW_BYTES, Exchange, TransferError, narrow_is_contiguous
 from migrate.workload import Workload
 
 CHUNK_BYTES = 64 << 20
 MIN_CHUNK_BYTES = 256 << 10
-
-
-SAFE_SHARE = 0.25  # round size as a share of the smallest new shard, old state kept until the commit
-EARLY_SHARE = 0.05  # ... when old tensors are released as they are sent (the 1.1x memory goal)
+EARLY_SHARE = 0.05  # window traffic as a share of the smallest new shard when old tensors are released early
 
 
 def auto_chunk_bytes(plan: MigrationPlan, share: float = EARLY_SHARE) -> int:
-    """Round size: `share` of the smallest new shard, at most 64 MiB. Only the column-slice buffer and
-    the senders' contiguous copies scale with it; every round costs a synchronisation of its pairs, so
-    the safe mode, which holds old and new state anyway, takes fewer and larger rounds."""
+    """Window size when old tensors are released early: `share` of the smallest new shard, at most 64
+    MiB, so that little new state arrives before old state is released. (The safe mode, which holds old
+    and new state anyway, bounds only its staging memory: migrate.transfer.WINDOW_BYTES.)"""
     from migrate.workload import ByteModel, class_workloads
 
     needs = ByteModel.of_model(plan.model, plan.units).need(
@@ -50,7 +49,7 @@ def _whole_refer(spec: TensorSpec, old_w: Workload | None, new_w: Workload | Non
         and shard_range(spec, old_w) == shard_range(spec, new_w)
 
 
-def prepare_targets(plan: MigrationPlan, device: int, chunk_bytes: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
+def prepare_targets(plan: MigrationPlan, device: int) -> dict[str, dict[str, torch.Tensor]]:
     """The new tensors `device` will fill, allocated and written once now, so that the transfer lands in
     memory that is already mapped (receiving into fresh memory is 3-8x slower on CPU, facts.md).
     Called before the pause (a worker does it when it learns of the migration, while it still trains),
@@ -61,15 +60,14 @@ def prepare_targets(plan: MigrationPlan, device: int, chunk_bytes: int | None = 
         return {}
     old_w = rank_workload(plan.prev.layout, old_rank, model.layers, units) if old_rank is not None else None
     new_w = rank_workload(plan.curr.layout, new_rank, model.layers, units)
-    dtype = {k: TORCH_DTYPES[model.dtype] if k == "param" else torch.float32 for k in model.state_kinds}
+    dtype = _dtypes(model)
     out: dict[str, dict[str, torch.Tensor]] = {k: {} for k in model.state_kinds}
-    for rnd in schedule(plan, chunk_bytes):
-        for p in rnd:
-            if p.dst != device or p.spec.name in out[p.kind]:
-                continue
-            if p.src == device and _whole_refer(p.spec, old_w, new_w):
-                continue
-            out[p.kind][p.spec.name] = torch.zeros(local_shape(p.spec, new_w), dtype=dtype[p.kind])
+    for p in device_pieces(plan, device):
+        if p.dst != device or p.spec.name in out[p.kind]:
+            continue
+        if p.src == device and _whole_refer(p.spec, old_w, new_w):
+            continue
+        out[p.kind][p.spec.name] = torch.zeros(local_shape(p.spec, new_w), dtype=dtype[p.kind])
     return out
 
 
@@ -79,7 +77,7 @@ class MigrationError(RuntimeError):
 
 @dataclass(frozen=True)
 class Piece:
-    """One tensor-kind slice moving from src to dst (refer: src == dst), rows [row_lo, row_hi) of it."""
+    """One tensor-kind slice moving from src to dst (refer: src == dst): slice units [lo, hi) of it."""
 
     order: int
     src: int
@@ -88,9 +86,12 @@ class Piece:
     kind: str
     lo: int  # slice units of the plan (ignored for replicated tensors)
     hi: int
-    row_lo: int
-    row_hi: int
     nbytes: int
+
+    @property
+    def key(self) -> tuple:
+        """What sender and receiver both call this piece (migrate.transfer orders messages by it)."""
+        return (self.order, self.src, self.dst, self.lo, self.hi)
 
 
 @dataclass
@@ -106,6 +107,17 @@ class ExecResult:
     notes: list[str] = field(default_factory=list)
 
 
+def _dtypes(model: ModelSpec) -> dict[str, torch.dtype]:
+    return {k: TORCH_DTYPES[model.dtype] if k == "param" else torch.float32 for k in model.state_kinds}
+
+
+@functools.lru_cache(maxsize=64)
+def _tensor_order(model: ModelSpec) -> dict[str, int]:
+    """Model order of every tensor name (memoised: a worker asks before and inside the pause)."""
+    return {t.name: i for i, t in enumerate(model.tensors())}
+
+
+@functools.lru_cache(maxsize=4096)
 def _segment_specs(model: ModelSpec, seg) -> list[TensorSpec]:
     if seg.block == "layers":
         specs = [t for layer in range(seg.layer_lo, seg.layer_hi) for t in model.layer_tensors(layer)]
@@ -114,49 +126,29 @@ def _segment_specs(model: ModelSpec, seg) -> list[TensorSpec]:
     return [t for t in specs if (t.tp_dim is None) == (seg.part == "replicated")]
 
 
-def _piece_rows(spec: TensorSpec, lo: int, hi: int, units: int) -> tuple[int, int]:
-    """Rows (dim 0) of the piece, and elements per row: pieces are chunked by rows."""
-    shape = list(spec.shape)
-    if spec.tp_dim is not None:
-        shape[spec.tp_dim] = shape[spec.tp_dim] // units * (hi - lo)
-    rows = shape[0]
-    per_row = 1
-    for s in shape[1:]:
-        per_row *= s
-    return rows, per_row
+def _piece_bytes(spec: TensorSpec, lo: int, hi: int, units: int, kind_bytes: int) -> int:
+    n = kind_bytes
+    for d, s in enumerate(spec.shape):
+        n *= s // units * (hi - lo) if d == spec.tp_dim else s
+    return n
 
 
-def schedule(plan: MigrationPlan, chunk_bytes: int | None = None) -> list[list[Piece]]:
-    """The global, deterministic list of rounds every device executes its part of."""
+def device_pieces(plan: MigrationPlan, device: int) -> list[Piece]:
+    """The pieces `device` refers, receives and sends, from its own instructions only (every device
+    derives the same pieces, with the same keys, for the transfers it shares with another)."""
     model = plan.model
-    chunk_bytes = chunk_bytes or auto_chunk_bytes(plan)
-    order = {t.name: i for i, t in enumerate(model.tensors())}
+    order = _tensor_order(model)
     kinds = {k: i for i, k in enumerate(model.state_kinds)}
-    pieces: list[Piece] = []
-    for ins in plan.instructions:
-        if ins.op == "recv":
-            continue  # the send describes the same transfer
-        for spec in _segment_specs(model, ins.segment):
+    out: list[Piece] = []
+    for ins in plan.instructions_for(device):
+        seg = ins.segment
+        for spec in _segment_specs(model, seg):
             for kind in ins.kinds:
-                rows, per_row = _piece_rows(spec, ins.segment.slice_lo, ins.segment.slice_hi, plan.units)
-                row_bytes = per_row * model.kind_bytes(kind)
-                step = rows if ins.op == "refer" else max(1, chunk_bytes // max(1, row_bytes))
-                for r0 in range(0, rows, step):
-                    r1 = min(rows, r0 + step)
-                    pieces.append(Piece(order[spec.name] * len(kinds) + kinds[kind], ins.src, ins.dst, spec, kind,
-                                        ins.segment.slice_lo, ins.segment.slice_hi, r0, r1, (r1 - r0) * row_bytes))
-    pieces.sort(key=lambda p: (p.order, p.src, p.dst, p.lo, p.row_lo))
-    rounds: list[list[Piece]] = [[]]
-    load: dict[int, int] = {}
-    for p in pieces:
-        if p.src != p.dst:
-            if rounds[-1] and (load.get(p.src, 0) + p.nbytes > chunk_bytes or load.get(p.dst, 0) + p.nbytes > chunk_bytes):
-                rounds.append([])
-                load = {}
-            load[p.src] = load.get(p.src, 0) + p.nbytes
-            load[p.dst] = load.get(p.dst, 0) + p.nbytes
-        rounds[-1].append(p)
-    return [r for r in rounds if r]
+                n = _piece_bytes(spec, seg.slice_lo, seg.slice_hi, plan.units, model.kind_bytes(kind))
+                out.append(Piece(order[spec.name] * len(kinds) + kinds[kind], ins.src, ins.dst, spec, kind,
+                                 seg.slice_lo, seg.slice_hi, n))
+    out.sort(key=lambda p: p.key)
+    return out
 
 
 def _view(t: torch.Tensor, spec: TensorSpec, w: Workload, lo: int, hi: int, units: int) -> torch.Tensor:
@@ -168,40 +160,44 @@ def _view(t: torch.Tensor, spec: TensorSpec, w: Workload, lo: int, hi: int, unit
     return t.narrow(spec.tp_dim, (lo - w_lo) * unit, (hi - lo) * unit)
 
 
+def _view_contiguous(spec: TensorSpec, w: Workload, lo: int, hi: int, units: int) -> bool:
+    """Whether `_view` of a contiguous shard is contiguous, without the tensor."""
+    if spec.tp_dim is None:
+        return True
+    return narrow_is_contiguous(local_shape(spec, w), spec.tp_dim, spec.shape[spec.tp_dim] // units * (hi - lo))
+
+
 class _Ledger:
-    """Bytes of state and buffers alive on this device, to report the peak against the steady state."""
+    """Bytes of state alive on this device, to report the peak against the steady state."""
 
     def __init__(self) -> None:
-        self.live: dict[int, int] = {}
-        self.peak = 0
+        self.live = self.peak = 0
 
     def add(self, t: torch.Tensor) -> None:
-        key = t.untyped_storage().data_ptr()
-        if key not in self.live:
-            self.live[key] = t.untyped_storage().nbytes()
-            self.peak = max(self.peak, sum(self.live.values()))
+        self.live += t.nbytes
+        self.peak = max(self.peak, self.live)
 
     def drop(self, t: torch.Tensor) -> None:
-        self.live.pop(t.untyped_storage().data_ptr(), None)
+        self.live -= t.nbytes
 
 
 class DeviceExecutor:
-    """One device's part of a plan."""
+    """One device's part of a plan, run on the shared transfer layer (migrate.transfer)."""
 
     def __init__(self, plan: MigrationPlan, device: int, state: LocalState | None,
                  world_rank: Mapping[int, int] | None = None, chunk_bytes: int | None = None,
                  on_round: Callable[[int], None] | None = None, release_early: bool = False,
                  targets: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
         self.plan, self.device, self.old = plan, device, state
-        self.on_round = on_round  # fault injection in tests
-        # release_early: drop each old tensor after its last use (lower peak memory, but a failure
-        # half way then leaves this device without its old state)
+        self.on_round = on_round  # fault injection in tests: called before each window
+        # release_early: drop each old tensor once its receivers confirmed their copies (lower peak
+        # memory, but a failure half way then leaves this device without all of its old state)
         self.release_early = release_early
         # gloo moves CPU tensors, NCCL moves GPU tensors: new state lives where the backend sends from
         self.torch_device = torch.device("cuda", torch.cuda.current_device()) \
             if dist.is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu")
         self.world_rank = world_rank or {d: d for d in range(len(plan.topology.devices))}
-        self.chunk_bytes = chunk_bytes or auto_chunk_bytes(plan, EARLY_SHARE if release_early else SAFE_SHARE)
+        self.chunk_bytes = chunk_bytes or (auto_chunk_bytes(plan) if release_early else WINDOW_BYTES)
         model, units = plan.model, plan.units
         old_rank = plan.prev.rank_of().get(device)
         self.old_w = rank_workload(plan.prev.layout, old_rank, model.layers, units) if old_rank is not None else None
@@ -220,78 +216,53 @@ class DeviceExecutor:
             for per in self.old.tensors.values():
                 for t in per.values():
                     ledger.add(t)
-        old_bytes = sum(ledger.live.values())
+        old_bytes = ledger.live
         new: dict[str, dict[str, torch.Tensor]] = {k: {} for k in model.state_kinds}
-        dtype = {k: TORCH_DTYPES[model.dtype] if k == "param" else torch.float32 for k in model.state_kinds}
-        mine = [[p for p in r if self.device in (p.src, p.dst)] for r in schedule(self.plan, self.chunk_bytes)]
-        buf_bytes = max((sum(p.nbytes for p in r if p.dst == self.device and p.src != self.device
-                             and p.spec.tp_dim == 1) for r in mine), default=0)
-        buffer = torch.empty(buf_bytes, dtype=torch.uint8, device=self.torch_device)
-        ledger.add(buffer)
-        sent = received = 0
+        dtype = _dtypes(model)
 
-        last_use: dict[tuple[str, str], int] = {}
-        for round_no, rnd in enumerate(mine):
-            for p in rnd:
-                if p.src == self.device:
-                    last_use[(p.kind, p.spec.name)] = round_no
-
-        def target(p: Piece) -> torch.Tensor:
-            t = new[p.kind].get(p.spec.name)
+        def tensor(kind: str, name: str, spec: TensorSpec) -> torch.Tensor:
+            t = new[kind].get(name)
             if t is None:
-                t = self.targets.get(p.kind, {}).pop(p.spec.name, None)
+                t = self.targets.get(kind, {}).pop(name, None)
                 if t is None or t.device != self.torch_device:
-                    t = torch.empty(local_shape(p.spec, self.new_w), dtype=dtype[p.kind], device=self.torch_device)
-                new[p.kind][p.spec.name] = t
+                    t = torch.empty(local_shape(spec, self.new_w), dtype=dtype[kind], device=self.torch_device)
+                new[kind][name] = t
                 ledger.add(t)
-            return _view(t, p.spec, self.new_w, p.lo, p.hi, units)[p.row_lo:p.row_hi]
+            return t
 
-        for round_no, rnd in enumerate(mine):
-            if self.on_round is not None:
-                self.on_round(round_no)
-            ops, copies, temps, offset = [], [], [], 0
-            for p in rnd:
-                if p.src == p.dst:
-                    src = self.old.tensors[p.kind][p.spec.name]
-                    if _whole_refer(p.spec, self.old_w, self.new_w):
-                        new[p.kind][p.spec.name] = src  # unchanged shard: keep the very tensor
-                    else:
-                        target(p).copy_(_view(src, p.spec, self.old_w, p.lo, p.hi, units))
-                elif p.src == self.device:
-                    t = _view(self.old.tensors[p.kind][p.spec.name], p.spec, self.old_w, p.lo, p.hi, units)
-                    t = t[p.row_lo:p.row_hi]
-                    if not t.is_contiguous():
-                        t = t.contiguous()
-                        temps.append(t)
-                        ledger.add(t)
-                    ops.append(dist.P2POp(dist.isend, t, self.world_rank[p.dst]))
-                    sent += p.nbytes
-                else:
-                    dst = target(p)
-                    if dst.is_contiguous():  # straight into the new tensor
-                        ops.append(dist.P2POp(dist.irecv, dst, self.world_rank[p.src]))
-                    else:  # a column slice: through the reused buffer
-                        view = buffer[offset:offset + p.nbytes].view(dst.dtype).view(dst.shape)
-                        offset += p.nbytes
-                        ops.append(dist.P2POp(dist.irecv, view, self.world_rank[p.src]))
-                        copies.append((dst, view))
-                    received += p.nbytes
-            if ops:
-                for req in dist.batch_isend_irecv(ops):
-                    req.wait()
-            for dst, view in copies:
-                dst.copy_(view)
-            for t in temps:
+        def release(owner: tuple[str, str]) -> None:
+            t = self.old.tensors[owner[0]].pop(owner[1], None)
+            if t is not None and new[owner[0]].get(owner[1]) is not t:
                 ledger.drop(t)
-            if self.release_early:
-                for (kind, name), last in list(last_use.items()):
-                    if last == round_no:
-                        t = self.old.tensors[kind].pop(name)
-                        if new[kind].get(name) is not t:
-                            ledger.drop(t)
-                        del t
-        ledger.drop(buffer)
-        del buffer
+
+        rank = self.world_rank  # peers by rank in the default world
+        ex = Exchange(None, self.chunk_bytes, release if self.release_early else None)
+        kept: set[tuple[str, str]] = set()
+        for p in device_pieces(self.plan, self.device):
+            if p.src == p.dst:
+                src = self.old.tensors[p.kind][p.spec.name]
+                if _whole_refer(p.spec, self.old_w, self.new_w):
+                    new[p.kind][p.spec.name] = src  # unchanged shard: keep the very tensor
+                    kept.add((p.kind, p.spec.name))
+                else:
+                    ex.copy(_view(tensor(p.kind, p.spec.name, p.spec), p.spec, self.new_w, p.lo, p.hi, units),
+                            _view(src, p.spec, self.old_w, p.lo, p.hi, units), (p.kind, p.spec.name))
+            elif p.src == self.device:
+                t = _view(self.old.tensors[p.kind][p.spec.name], p.spec, self.old_w, p.lo, p.hi, units)
+                ex.send(rank[p.dst], p.key, t, (p.kind, p.spec.name))
+            else:
+                ex.recv(rank[p.src], p.key,
+                        lambda p=p: _view(tensor(p.kind, p.spec.name, p.spec), p.spec, self.new_w, p.lo, p.hi, units),
+                        p.nbytes, _view_contiguous(p.spec, self.new_w, p.lo, p.hi, units))
+        if self.release_early and self.old is not None:
+            for kind, per in self.old.tensors.items():
+                for name in per:
+                    if (kind, name) not in kept:
+                        ex.own((kind, name))
+        try:
+            stats = ex.run(self.on_round)
+        except TransferError as exc:
+            raise _TransferFailed(str(exc)) from exc
         state = None
         if self.new_w is not None:
             missing = [(k, s.name) for s in held_tensors(model, self.new_w) for k in model.state_kinds
@@ -301,7 +272,12 @@ class DeviceExecutor:
             state = LocalState(new, self.old.step if self.old else -1, dict(self.old.meta) if self.old else {})
         new_bytes = state.nbytes() if state else 0
         unused = sum(len(per) for per in self.targets.values())
-        return ExecResult(state, {}, sent, received, ledger.peak, max(old_bytes, new_bytes), targets_unused=unused)
+        return ExecResult(state, {}, stats.bytes_sent, stats.bytes_received, ledger.peak + stats.staging_bytes,
+                          max(old_bytes, new_bytes), targets_unused=unused)
+
+
+class _TransferFailed(RuntimeError):
+    """The transfer layer failed (a peer died): reported by `execute` with what was kept."""
 
 
 def unit_checksums(model: ModelSpec, state: LocalState, w: Workload, units: int) -> dict[tuple[str, str, int], int]:
@@ -372,10 +348,10 @@ def execute(plan: MigrationPlan, device: int, state: LocalState | None, world_ra
     except MigrationError as exc:
         ok, reason, result, before, after, step, meta = False, str(exc), None, {}, {}, None, None
         t2 = time.perf_counter()
-    except Exception as exc:  # a dead peer shows up here as a gloo error
+    except _TransferFailed as exc:  # a dead peer shows up here as a gloo error
         kept = ("old state partially released (release_early): recover it from replicas or a checkpoint"
                 if release_early else "old layout kept")
-        raise MigrationError(f"device {device}: transfer failed ({type(exc).__name__}: {exc}); {kept}") from exc
+        raise MigrationError(f"device {device}: transfer failed ({exc}); {kept}") from exc
     # One device judges for all: it gathers every vote, checksum, step and metadata, checks them
     # once, and broadcasts the verdict (checking on every device costs n times the CPU).
     size = dist.get_world_size(group)

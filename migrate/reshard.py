@@ -12,10 +12,11 @@ sides cut it, they must cut the same dimension (a TP style fixes it per paramete
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
-from migrate.manifest import Manifest, ManifestError, ShardEntry
+from migrate.manifest import DTYPE_BYTES, Manifest, ManifestError, ShardEntry
 
 
 @dataclass(frozen=True, order=True)
@@ -83,45 +84,66 @@ def _piece(t, e: ShardEntry, tr: Transfer):
 
 
 def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
-            old_state: Mapping[str, object], old_manifest: Manifest | None, new_manifest: Manifest | None,
-            proc_of_old: Sequence[int], proc_of_new: Sequence[int], group=None) -> dict[str, object]:
-    """Run this process's part of `transfers`; returns its new local tensors by FQN.
+            old_state: MutableMapping[str, object], old_manifest: Manifest | None, new_manifest: Manifest | None,
+            proc_of_old: Sequence[int], proc_of_new: Sequence[int], group=None, release_early: bool = False,
+            window_bytes: int | None = None, on_window=None, targets: Mapping[str, object] | None = None
+            ) -> dict[str, object]:
+    """Run this process's part of `transfers` on the shared transfer layer (migrate.transfer);
+    returns its new local tensors by FQN.
 
     `old_state`: this process's local tensors (old rank `old_rank`), `proc_of_old[r]`/`proc_of_new[r]`:
     the rank in `group` (the process group of old and new processes) of old/new rank r. Every
-    process calls it with the same transfers, so sends and receives pair up in one batch."""
+    process calls it with the same transfers, so sends and receives pair up. Safe by default:
+    `old_state` is not touched, and a failure (migrate.transfer.TransferError) leaves it whole.
+    `release_early`: each old tensor is dropped from `old_state` once its receivers confirmed their
+    copies, and new tensors are allocated only when their window comes (lower peak memory).
+    `targets`: new tensors by FQN allocated (and written) ahead, before the pause: receiving into
+    memory already mapped is several times faster on CPU than into fresh memory."""
     import torch
-    import torch.distributed as dist
+
+    from migrate.transfer import EARLY_WINDOW_BYTES, WINDOW_BYTES, Exchange, narrow_is_contiguous
 
     olds = old_manifest.by_fqn() if old_manifest is not None else {}
     news = new_manifest.by_fqn() if new_manifest is not None else {}
     dtypes = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
               "float16": torch.float16, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
               "int8": torch.int8, "bool": torch.bool}
-    result = {f: torch.empty(e.local_shape, dtype=dtypes[e.dtype]) for f, e in news.items()}
-    me = dist.get_rank(group) if group is not None or dist.is_initialized() else 0
-    ops, recvs = [], []
-    for tr in sorted(transfers):
+    result: dict[str, object] = dict(targets or {})
+
+    def target(fqn: str):
+        t = result.get(fqn)
+        if t is None:
+            t = result[fqn] = torch.empty(news[fqn].local_shape, dtype=dtypes[news[fqn].dtype])
+        return t
+
+    def release(fqn: str) -> None:
+        old_state.pop(fqn, None)
+
+    ex = Exchange(group, window_bytes or (EARLY_WINDOW_BYTES if release_early else WINDOW_BYTES),
+                  release if release_early else None)
+    for tr in [t for t in transfers if t.src == old_rank or t.dst == new_rank]:  # the layer orders them
         src_proc, dst_proc = proc_of_old[tr.src], proc_of_new[tr.dst]
-        if src_proc == me and dst_proc == me and old_rank == tr.src and new_rank == tr.dst:
-            _piece(result[tr.fqn], news[tr.fqn], tr).copy_(_piece(old_state[tr.fqn], olds[tr.fqn], tr))
-        elif src_proc == me and old_rank == tr.src:
-            buf = _piece(old_state[tr.fqn], olds[tr.fqn], tr).contiguous()
-            ops.append(dist.P2POp(dist.isend, buf, _global(dst_proc, group), group))
-        elif dst_proc == me and new_rank == tr.dst:
-            view = _piece(result[tr.fqn], news[tr.fqn], tr)
-            buf = torch.empty(view.shape, dtype=view.dtype)
-            ops.append(dist.P2POp(dist.irecv, buf, _global(src_proc, group), group))
-            recvs.append((view, buf))
-    if ops:
-        for w in dist.batch_isend_irecv(ops):
-            w.wait()
-    for view, buf in recvs:
-        view.copy_(buf)
+        key = (tr.fqn, tr.dst, tr.src, -1 if tr.dim is None else tr.dim, tr.lo, tr.hi)
+        mine_old, mine_new = old_rank == tr.src, new_rank == tr.dst
+        if mine_old and mine_new:
+            ex.copy(_piece(target(tr.fqn), news[tr.fqn], tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
+        elif mine_old:
+            ex.send(dst_proc, key, _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
+        elif mine_new:
+            e = news[tr.fqn]
+            whole = tr.dim is None or narrow_is_contiguous(e.local_shape, tr.dim, tr.hi - tr.lo)
+            ex.recv(src_proc, key, lambda tr=tr: _piece(target(tr.fqn), news[tr.fqn], tr), transfer_bytes(tr, e), whole)
+    if release_early:
+        for fqn in olds:
+            ex.own(fqn)
+    ex.run(on_window)
+    for fqn in news:  # pieces that no transfer fills (an empty shard) still exist
+        target(fqn)
     return result
 
 
-def _global(rank: int, group) -> int:
-    import torch.distributed as dist
-
-    return rank if group is None else dist.get_global_rank(group, rank)
+def transfer_bytes(tr: Transfer, e: ShardEntry) -> int:
+    """Bytes transfer `tr` moves into new piece `e`."""
+    if tr.dim is None:
+        return e.nbytes
+    return math.prod(tr.hi - tr.lo if d == tr.dim else s for d, s in enumerate(e.local_shape)) * DTYPE_BYTES[e.dtype]

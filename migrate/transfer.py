@@ -1,0 +1,303 @@
+"""One process's part of moving tensors between processes: the transfer layer under both migration
+engines (migrate.executor runs the reference GPT's Send/Recv/Refer plans on it, migrate.reshard any
+model's manifest transfers).
+
+An engine says what this process sends, receives and copies locally (`send`, `recv`, `copy`), each
+message with a key that both of its ends give alike; `run` then moves it. Why it is built this way
+(gloo over loopback on CPU, where the memory system is the bottleneck):
+
+* No extra copies: a piece goes straight from the old tensor and lands straight in the new one when
+  both views are contiguous. Only strided views (a column slice of a row-parallel weight) pass
+  through staging buffers, and those are allocated once and reused for every window.
+* Coalescing: the pieces under `SMALL_BYTES` between two processes (biases, layer norms) travel as one
+  packed message, not dozens of tiny ones.
+* Batched per peer, bounded in memory, free of deadlock: a process posts its messages in windows
+  (at most `window_bytes` of temporary memory, or of traffic when old tensors are released early) in
+  the order of their keys, all of a window at once, and waits for it before posting the next. Every
+  process uses the same order, so the globally first pending message is always posted at both ends
+  and the transfer always advances; a process never waits for a round it takes no part in.
+* Release early (optional): an old tensor ("owner") is handed to `release` once every use of it is
+  done and its receivers confirmed, with xxh3 digests of what arrived (migrate.checksum), that the
+  new copy equals what was sent; an owner no message or copy uses is released at once (another
+  live copy serves it). The engine drops its references there, so peak memory stays near one copy.
+  Without it, nothing old is touched: a failure half way leaves the old state intact.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from migrate.checksum import unit_digest
+
+#: pieces below this size between two processes travel in one packed message
+SMALL_BYTES = 64 << 10
+#: temporary memory one window may hold (safe mode: the new state is whole in memory anyway)
+WINDOW_BYTES = 64 << 20
+#: traffic one window may hold when old tensors are released early (little new before old goes)
+EARLY_WINDOW_BYTES = 4 << 20
+
+
+class TransferError(RuntimeError):
+    """The transfer did not complete (a peer died, a digest differed)."""
+
+
+#: tag of the digest confirmations, apart from the data's (gloo matches messages per pair and tag, in order)
+ACK_TAG = 7
+
+
+@dataclass
+class _Piece:
+    """A send's source view, or a receive's target view (or how to make it: targets can be allocated
+    only when their window comes, so that memory released early is not needed twice)."""
+
+    source: torch.Tensor | Callable[[], torch.Tensor]
+    nbytes: int
+    contiguous: bool
+    owner: Hashable | None = None  # the old tensor a send reads, for release-early bookkeeping
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        if callable(self.source):
+            self.source = self.source()
+        return self.source
+
+
+@dataclass
+class _Message:
+    key: tuple
+    peer: int  # rank in the group
+    outgoing: bool
+    pieces: list[_Piece]
+    nbytes: int
+    temp: int  # bytes of staging or contiguous copy it needs
+    owners: set = field(default_factory=set)
+
+
+@dataclass
+class TransferStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages: int = 0
+    windows: int = 0
+    released: int = 0
+    staging_bytes: int = 0
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def narrow_is_contiguous(shape: tuple[int, ...], dim: int, length: int) -> bool:
+    """Whether `t.narrow(dim, start, length)` of a contiguous tensor `t` of `shape` is contiguous,
+    without a tensor: the cut spans the whole dimension, or every dimension before it has one index."""
+    outer = 1
+    for s in shape[:dim]:
+        outer *= s
+    return length == shape[dim] or outer <= 1 or length == 0
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes as a flat uint8 tensor (no copy)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _signed(d: int) -> int:
+    return d - (1 << 64) if d >= 1 << 63 else d
+
+
+class Exchange:
+    """What one process sends, receives and copies in one transfer; `run` moves it.
+
+    `group`: the process group every participant uses (None: the default world); peers are ranks in
+    it. Every participant must describe its part with the same keys and call `run`."""
+
+    def __init__(self, group=None, window_bytes: int = WINDOW_BYTES, release: Callable[[Hashable], None] | None = None,
+                 small_bytes: int = SMALL_BYTES) -> None:
+        self.group, self.window_bytes, self.release, self.small_bytes = group, window_bytes, release, small_bytes
+        self._sends: dict[int, list[tuple[tuple, _Piece]]] = {}
+        self._recvs: dict[int, list[tuple[tuple, _Piece]]] = {}
+        self._copies: list[tuple[torch.Tensor, torch.Tensor, Hashable | None]] = []
+        self._uses: dict[Hashable, int] = {}
+        self.stats = TransferStats()
+
+    # -- describing the transfer ---------------------------------------------------------------
+    def own(self, owner: Hashable) -> None:
+        """Declare an old tensor that may be released early (release mode), even if nothing reads it."""
+        self._uses.setdefault(owner, 0)
+
+    def send(self, peer: int, key: tuple, t: torch.Tensor, owner: Hashable | None = None) -> None:
+        """Send view `t` (of old tensor `owner`) to `peer`; the receiver gives the same `key`."""
+        self._sends.setdefault(peer, []).append((key, _Piece(t, _bytes(t), t.is_contiguous(), owner)))
+        if owner is not None:
+            self._uses[owner] = self._uses.get(owner, 0) + 1
+
+    def recv(self, peer: int, key: tuple, t: torch.Tensor | Callable[[], torch.Tensor], nbytes: int | None = None,
+             contiguous: bool | None = None) -> None:
+        """Receive into view `t`, or into what `t()` returns when its window comes (then give its
+        `nbytes` and whether it is `contiguous`)."""
+        if not callable(t):
+            nbytes, contiguous = _bytes(t), t.is_contiguous()
+        self._recvs.setdefault(peer, []).append((key, _Piece(t, nbytes, contiguous)))
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, owner: Hashable | None = None) -> None:
+        self._copies.append((dst, src, owner))
+        if owner is not None:
+            self._uses[owner] = self._uses.get(owner, 0) + 1
+
+    # -- planning the messages (pure) ----------------------------------------------------------
+    def _messages(self, me: int) -> list[_Message]:
+        out: list[_Message] = []
+        for outgoing, table in ((True, self._sends), (False, self._recvs)):
+            for peer, items in table.items():
+                items.sort(key=lambda kp: kp[0])
+                small = [p for k, p in items if p.nbytes < self.small_bytes]
+                if small:  # one packed message per pair, first in the pair's order
+                    n = sum(p.nbytes for p in small)
+                    ends = (me, peer) if outgoing else (peer, me)
+                    out.append(_Message((0, *ends), peer, outgoing, small, n, n))
+                for k, p in items:
+                    if p.nbytes >= self.small_bytes:
+                        out.append(_Message((1, k), peer, outgoing, [p], p.nbytes, 0 if p.contiguous else p.nbytes))
+        for m in out:
+            m.owners = {p.owner for p in m.pieces if p.owner is not None}
+        out.sort(key=lambda m: m.key)
+        return out
+
+    def _windows(self, msgs: list[_Message]) -> list[list[_Message]]:
+        count_all = self.release is not None
+        windows: list[list[_Message]] = [[]]
+        load = 0
+        for m in msgs:
+            cost = m.nbytes if count_all else m.temp
+            if windows[-1] and load + cost > self.window_bytes:
+                windows.append([])
+                load = 0
+            windows[-1].append(m)
+            load += cost
+        return [w for w in windows if w]
+
+    # -- moving ----------------------------------------------------------------------------------
+    def run(self, on_window: Callable[[int], None] | None = None) -> TransferStats:
+        """Copy locally, then move every message; raises TransferError when a peer fails."""
+        me = dist.get_rank(self.group)
+        for dst, src, owner in self._copies:
+            dst.copy_(src)
+            self._used(owner)
+        if self.release is not None:
+            for owner, uses in list(self._uses.items()):
+                if uses == 0:
+                    self._release(owner)
+        windows = self._windows(self._messages(me))
+        temp_in = max((sum(m.temp for m in w if not m.outgoing) for w in windows), default=0)
+        temp_out = max((sum(m.temp for m in w if m.outgoing) for w in windows), default=0)
+        device = self._device()
+        staging_in = torch.empty(temp_in, dtype=torch.uint8, device=device)
+        staging_out = torch.empty(temp_out, dtype=torch.uint8, device=device)
+        self.stats.staging_bytes = temp_in + temp_out
+        acks: list[tuple[object, torch.Tensor, int, _Message]] = []  # release mode: digests to confirm
+        try:
+            for i, window in enumerate(windows):
+                if on_window is not None:
+                    on_window(i)
+                self._window(window, staging_in, staging_out, acks)
+                self._settle(acks, wait=False)
+            self._settle(acks, wait=True)
+        except TransferError:
+            raise
+        except Exception as exc:  # a dead peer shows up here as a gloo error
+            raise TransferError(f"{type(exc).__name__}: {exc}") from exc
+        self.stats.windows = len(windows)
+        return self.stats
+
+    def _device(self) -> torch.device:
+        for items in self._sends.values():
+            return items[0][1].tensor.device
+        for dst, _src, _owner in self._copies:
+            return dst.device
+        return torch.device("cuda", torch.cuda.current_device()) \
+            if dist.is_initialized() and dist.get_backend(self.group) == "nccl" else torch.device("cpu")
+
+    def _window(self, window: list[_Message], staging_in: torch.Tensor, staging_out: torch.Tensor, acks: list) -> None:
+        ops, unpack, sent = [], [], []
+        off_in = off_out = 0
+        for m in window:
+            if m.outgoing:
+                if m.temp:  # packed small pieces, or a strided view: one contiguous copy
+                    buf = staging_out[off_out:off_out + m.nbytes]
+                    off_out += m.nbytes
+                    pos = 0
+                    for p in m.pieces:
+                        src = p.tensor
+                        buf[pos:pos + p.nbytes].view(src.dtype).view(src.shape).copy_(src)
+                        pos += p.nbytes
+                else:
+                    buf = _flat(m.pieces[0].tensor)
+                ops.append(dist.isend(buf, group=self.group, group_dst=m.peer))
+                self.stats.bytes_sent += m.nbytes
+                sent.append((m, buf))
+            else:
+                if m.temp:
+                    buf = staging_in[off_in:off_in + m.nbytes]
+                    off_in += m.nbytes
+                    unpack.append((m, buf))
+                else:
+                    buf = _flat(m.pieces[0].tensor)
+                    unpack.append((m, None))
+                ops.append(dist.irecv(buf, group=self.group, group_src=m.peer))
+                self.stats.bytes_received += m.nbytes
+            self.stats.messages += 1
+        for op in ops:
+            op.wait()
+        for m, buf in unpack:
+            if buf is not None:
+                pos = 0
+                for p in m.pieces:
+                    dst = p.tensor
+                    dst.copy_(buf[pos:pos + p.nbytes].view(dst.dtype).view(dst.shape))
+                    pos += p.nbytes
+            if self.release is not None:  # confirm to the sender what arrived, once it sits in place
+                got = buf if buf is not None else _flat(m.pieces[0].tensor)
+                ack = torch.tensor([_signed(unit_digest(got.cpu()))], dtype=torch.int64)
+                acks.append((dist.isend(ack, group=self.group, group_dst=m.peer, tag=ACK_TAG), ack, 0, None))
+        for m, buf in sent:
+            if self.release is None:
+                continue
+            want = _signed(unit_digest(buf.cpu()))
+            box = torch.zeros(1, dtype=torch.int64)
+            acks.append((dist.irecv(box, group=self.group, group_src=m.peer, tag=ACK_TAG), box, want, m))
+        if self.release is None:
+            for m, _buf in sent:
+                for p in m.pieces:
+                    self._used(p.owner)
+
+    def _settle(self, acks: list, wait: bool) -> None:
+        """Release the owners whose receivers confirmed their pieces (release mode)."""
+        keep = []
+        for item in acks:
+            req, box, want, m = item
+            if not wait and not req.is_completed():
+                keep.append(item)
+                continue
+            req.wait()
+            if m is None:
+                continue
+            if int(box.item()) != want:
+                raise TransferError(f"rank {m.peer} received a piece that differs from what was sent (digest)")
+            for p in m.pieces:
+                self._used(p.owner)
+        acks[:] = keep
+
+    def _used(self, owner: Hashable | None) -> None:
+        if owner is None or owner not in self._uses:
+            return
+        self._uses[owner] -= 1
+        if self._uses[owner] == 0 and self.release is not None:
+            self._release(owner)
+
+    def _release(self, owner: Hashable) -> None:
+        self._uses.pop(owner, None)
+        self.stats.released += 1
+        self.release(owner)
