@@ -75,8 +75,23 @@ def test_migration_keeps_state_and_losses(name, reference_losses):
         assert losses == pytest.approx(reference_losses, rel=1e-5)
 
 
+def test_release_early_keeps_state_bit_exact(reference_losses):
+    # old tensors are released as their receivers confirm them, in windows of 64 KiB
+    sc = Scenario(MODEL, P("pp2tp2"), P("pp1tp4"), TC, steps_before=2, steps_after=2, collect_state=True,
+                  gpus_per_node=4, release_early=True, chunk_bytes=64 << 10)
+    reports = run_scenario(sc)
+    assert not [r.error for r in reports if r.error]
+    before, _ = _full_state(sc, reports, "prev")
+    after, _ = _full_state(sc, reports, "curr")
+    assert before.keys() == after.keys()
+    for key in before:
+        assert torch.equal(before[key], after[key]), f"{key} changed in the migration"
+    losses = _losses(reports, "losses_before") + _losses(reports, "losses_after")
+    assert losses == pytest.approx(reference_losses, rel=1e-5)
+
+
 def test_worker_dying_mid_execute_leaves_the_old_layout(reference_losses):
-    # a round of at most 256 KiB forces several rounds; device 1 dies after the first
+    # windows of at most 64 KiB of staging: device 1 (the sender) dies after its first
     sc = Scenario(MODEL, P("pp2"), P("pp1"), TC, steps_before=2, steps_after=0, collect_state=True,
                   kill_device=1, kill_after_rounds=1, chunk_bytes=64 << 10, timeout_s=20)
     reports = run_scenario(sc, timeout_s=120)
