@@ -13,14 +13,15 @@ from migrate.reshard import plan_transfers
 from tests.migrate.test_manifest import TP_PLAN, Mixer
 
 
-def layout(tp: int) -> list[Manifest]:
-    return [plan_manifest(meta_module(Mixer), TP_PLAN, tp, r) for r in range(tp)]
+def layout(tp: int, *size: int) -> list[Manifest]:
+    """Manifests of the TP ranks of the Mixer (of `size` (d, hidden) if given)."""
+    return [plan_manifest(meta_module(Mixer, *size), TP_PLAN, tp, r) for r in range(tp)]
 
 
-def full_tensors() -> dict[str, torch.Tensor]:
+def full_tensors(*size: int) -> dict[str, torch.Tensor]:
     """Every tensor of the state, whole, from a seed per name (the oracle)."""
     out = {}
-    for e in layout(1)[0].entries:
+    for e in layout(1, *size)[0].entries:
         g = torch.Generator().manual_seed(sum(map(ord, e.fqn)))
         out[e.fqn] = torch.randn(e.shape, generator=g)
     return out

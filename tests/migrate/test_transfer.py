@@ -10,27 +10,20 @@ from datetime import timedelta
 import pytest
 import torch
 
-from migrate.manifest import Manifest, ShardEntry, meta_module, plan_manifest
+from migrate.manifest import Manifest
 from migrate.transfer import narrow_is_contiguous
-from tests.migrate.test_manifest import TP_PLAN, Mixer
+from tests.migrate import test_reshard as reshard_tests
+from tests.migrate.test_reshard import cut
 
 D, HIDDEN = 128, 512  # up.weight 256 KiB, down.weight cut along dim 1: strided pieces
 
 
 def layout(tp: int) -> list[Manifest]:
-    return [plan_manifest(meta_module(Mixer, D, HIDDEN), TP_PLAN, tp, r) for r in range(tp)]
+    return reshard_tests.layout(tp, D, HIDDEN)
 
 
 def full_tensors() -> dict[str, torch.Tensor]:
-    out = {}
-    for e in layout(1)[0].entries:
-        g = torch.Generator().manual_seed(sum(map(ord, e.fqn)))
-        out[e.fqn] = torch.randn(e.shape, generator=g)
-    return out
-
-
-def cut(t: torch.Tensor, e: ShardEntry) -> torch.Tensor:
-    return t if e.dim is None else torch.chunk(t, e.count, dim=e.dim)[e.index]
+    return reshard_tests.full_tensors(D, HIDDEN)
 
 
 def _move(proc: int, steps, full, state, **kw):
