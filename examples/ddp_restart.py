@@ -5,7 +5,8 @@ Nothing here knows about elastic-launch: it reads torchrun's variables through `
 `--ckpt-every` steps, and resumes from the newest complete checkpoint when it starts. When the job
 is resized, preempted or a worker fails, the launcher stops every worker (SIGTERM, then SIGKILL
 after --term-timeout) and starts the new world on the new node set; this script then simply
-resumes, losing at most the steps since its last checkpoint.
+resumes, losing at most the steps since its last checkpoint; with `--save-on-term` it checkpoints
+when SIGTERM comes (every rank at the same step) and loses none.
 
     elastic-launch --backend local --nnodes 1:2 --gpus-per-node 1 -- \\
         python examples/ddp_restart.py --steps 50 --ckpt-dir /tmp/ddp-ckpt --log /tmp/ddp.log
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -37,6 +39,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--log", type=Path, default=None, help="rank 0 appends `step loss world restart` here")
     p.add_argument("--global-batch", type=int, default=8, help="samples per step over all ranks (default 8)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (demos)")
+    p.add_argument("--save-on-term", action="store_true",
+                   help="on SIGTERM, checkpoint at the next step boundary (all ranks agree on it) and exit")
     return p.parse_args()
 
 
@@ -55,6 +59,27 @@ def latest(root: Path) -> tuple[Path, int] | None:
     return max(done, key=lambda t: t[1]) if done else None
 
 
+def save(model, opt, step: int, root: Path, rank: int) -> None:
+    """A DCP checkpoint of model, optimizer and step, published whole as root/step-<step>."""
+    msd, osd = get_state_dict(model, opt)
+    tmp = root / f".tmp-step-{step}"
+    dcp.save({"model": msd, "optim": osd, "step": step}, checkpoint_id=str(tmp))
+    dist.barrier()  # every rank's part is written
+    if rank == 0:  # publish it whole, then drop older ones
+        os.replace(tmp, root / f"step-{step}")
+        for old in root.glob("step-*"):
+            if old.name[5:].isdigit() and int(old.name[5:]) < step:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def stop_agreed(terms: list[int]) -> bool:
+    """True on every rank when any rank got SIGTERM: the ranks get it at slightly different times, so
+    they agree on the step to stop at with one all-reduce (MAX) per step."""
+    flag = torch.tensor([1 if terms else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def main() -> None:
     args = parse()
     dist.init_process_group("gloo")  # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher
@@ -63,6 +88,9 @@ def main() -> None:
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    terms: list[int] = []
+    if args.save_on_term:  # the launcher's SIGTERM (torchrun's contract): note it, act at a step boundary
+        signal.signal(signal.SIGTERM, lambda *_: terms.append(1))
     step = 0
     found = latest(args.ckpt_dir)
     if found:  # resume: model, optimizer and step from the newest complete checkpoint
@@ -85,16 +113,13 @@ def main() -> None:
         if rank == 0 and args.log:
             with open(args.log, "a") as f:
                 f.write(f"{step} {total.item() / world:.6f} {world} {restart}\n")
-        if step % args.ckpt_every == 0:
-            msd, osd = get_state_dict(model, opt)
-            tmp = args.ckpt_dir / f".tmp-step-{step}"
-            dcp.save({"model": msd, "optim": osd, "step": step}, checkpoint_id=str(tmp))
-            dist.barrier()  # every rank's part is written
-            if rank == 0:  # publish it whole, then drop older ones
-                os.replace(tmp, args.ckpt_dir / f"step-{step}")
-                for old in args.ckpt_dir.glob("step-*"):
-                    if old.name[5:].isdigit() and int(old.name[5:]) < step:
-                        shutil.rmtree(old, ignore_errors=True)
+        stop = args.save_on_term and stop_agreed(terms)
+        if step % args.ckpt_every == 0 or stop:
+            save(model, opt, step, args.ckpt_dir, rank)
+        if stop:
+            if rank == 0:
+                print(f"SIGTERM: checkpointed step {step}, exiting", flush=True)
+            break
         if args.step_sleep:
             time.sleep(args.step_sleep)
     dist.barrier()

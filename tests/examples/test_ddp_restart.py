@@ -5,16 +5,14 @@ from the last checkpoint (at most --ckpt-every - 1 steps redone, none skipped)."
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from db import Store
 from launcher.cli import main as elastic
+from tests.examples.harness import ROOT, ddp_rows as _log, wait
 
-ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = [sys.executable, "-m", "launcher.launch"]
 
 
@@ -22,23 +20,8 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def _log(path: Path) -> list[tuple[int, float, int, int]]:
-    """(step, loss, world size, restart count) lines the script's rank 0 wrote."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        s, loss, world, restart = line.split()
-        out.append((int(s), float(loss), int(world), int(restart)))
-    return out
-
-
 def _wait(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert proc.poll() is None, f"elastic-launch exited ({proc.returncode}) while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    wait(cond, timeout, what, lambda: proc.poll() is None)
 
 
 def _launch(tmp_path: Path, url: str, steps: int, sleep: float) -> subprocess.Popen:

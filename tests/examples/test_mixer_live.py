@@ -8,30 +8,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import pytest
-import torch
 
 from db import Store
 from launcher.cli import main as elastic
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.examples.harness import ROOT, assert_state_carried, mixer_rows, wait
 
 
 def _log(path: Path) -> list[tuple[int, str, int]]:
-    if not path.exists():
-        return []
-    return [(int(s), lay, int(n)) for s, _loss, lay, n in (line.split() for line in path.read_text().splitlines())]
+    return [r[:3] for r in mixer_rows(path)]
 
 
 def _wait(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert proc.poll() is None, f"elastic-launch exited ({proc.returncode}) while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    wait(cond, timeout, what, lambda: proc.poll() is None)
 
 
 def test_mixer_tp_dp_migrates_live_bit_exact_on_shrink_and_grow(tmp_path: Path) -> None:
@@ -63,11 +52,7 @@ def test_mixer_tp_dp_migrates_live_bit_exact_on_shrink_and_grow(tmp_path: Path) 
     assert layouts[0] == "pp1tp2dp2" and "pp1tp2dp1" in layouts and layouts[-1] == "pp1tp2dp2"
     changed = [s for s in range(1, 40) if layouts[s] != layouts[s - 1]]
     assert len(changed) == 2
-    for s in range(1, 40):  # the state carried into step s+1 is exactly the state step s left
-        after, before = torch.load(dump / f"after-{s}.pt"), torch.load(dump / f"before-{s + 1}.pt")
-        assert after.keys() == before.keys() and len(after) > 10
-        for k in after:
-            assert torch.equal(after[k], before[k]), (s, k)
+    assert_state_carried(dump, 40)  # the state carried into step s+1 is exactly the state step s left
     store = Store(url)
     job = store.find_job("mixer")
     assert (job.state, job.mode) == ("finished", "live")
