@@ -23,12 +23,30 @@ runs its own step; at every step boundary it hands control to the runtime:
             if job.layout.rank == 0:
                 job.report_loss(loss)                    # the job's loss timeline (elastic history, dashboard)
 
-`job.layout` says where this process stands: `tp`, `dp` (and their ranks), `rank`, `world_size`,
-`mesh` (a (dp, tp) DeviceMesh), `tp_mesh`, `dp_group`. The state that moves is the torch-native
-one: the model's `state_dict` (DTensor placements Shard(d)/Replicate from `tp_plan`), the
-optimizer's per-parameter state, and every object in `state` (its `state_dict()`, e.g. a data
-position, an LR scheduler, an RNG). The manifest of a layout no process holds yet comes from
-building the model on the meta device (migrate.manifest.plan_manifest).
+`job.layout` says where this process stands (launcher.runtime_layout.Layout): `pp`, `tp`, `dp` and
+their ranks, `rank`, `world_size`, `mesh` (a (pp, dp, tp) DeviceMesh), `tp_mesh`, `dp_group`,
+`pp_group`, `prev_rank`/`next_rank` (the neighbouring stages), `is_first_stage`/`is_last_stage`.
+The state that moves is the torch-native one: the model's `state_dict` (DTensor placements
+Shard(d)/Replicate from `tp_plan`), the optimizer's per-parameter state, and every object in
+`state` (its `state_dict()`, e.g. a data position, an LR scheduler, an RNG). The manifest of a
+layout no process holds yet comes from building the model on the meta device
+(migrate.manifest.stage_manifests, one per (pp, tp) rank), so only what changes owner moves.
+
+PIPELINE PARALLELISM (layouts with pp > 1, e.g. `--layouts pp2dp2,pp1dp2`): `model(layout)` builds
+only this rank's stage, with the model's GLOBAL names: build the whole model with the same seed,
+then `runtime.keep_stage_blocks(model.blocks, layout)` (the other stages' blocks become
+nn.Identity) and set the embedding/head a stage does not own to None (torchtitan's way; see
+launcher.runtime_layout). Run the stage with `runtime.Pipeline(job, microbatches, loss_fn)`
+(torch.distributed.pipelining's GPipe on `layout.pp_group`, rebuilt after every migration):
+
+    pipe = runtime.Pipeline(job, microbatches=2, loss_fn=nn.functional.mse_loss)
+    while job.next_step(until=100):
+        with job.guard():
+            job.optimizer.zero_grad()
+            loss = pipe.step(x, y)                       # x feeds the first stage, y the last; every stage gets the loss
+            job.reduce_gradients(); job.optimizer.step()
+
+A script with its own schedule uses `layout.pp_group`, `prev_rank` and `next_rank` instead.
 
 Failures: every `optimizer.step()` commits all-or-nothing across the training world (a pre-step hook
 votes, launcher.runtime_faults). When a worker dies, the survivors' step fails inside `job.guard()`,
@@ -54,56 +72,18 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from launcher import control as C
 from launcher import runtime_ckpt, runtime_faults
+from launcher.runtime_layout import Layout, device_mesh, keep_stage_blocks, parse_layout
+from launcher.runtime_pipeline import Pipeline
 from launcher.sockets import cut_collective_sockets
+
+__all__ = ["JOIN_CALL", "STEP_CALL", "Job", "Layout", "Pipeline", "join", "keep_stage_blocks", "parse_layout"]
 
 #: what the launcher names when a joined worker never reaches the step boundary
 STEP_CALL = "job.next_step()"
 JOIN_CALL = "launcher.runtime.join(...)"
-
-
-@dataclass
-class Layout:
-    """This process's place in the running layout (pipeline parallelism: not in live mode yet)."""
-
-    tp: int
-    dp: int
-    rank: int
-    world_size: int
-    mesh: object = None  # DeviceMesh (dp, tp)
-
-    @property
-    def tp_rank(self) -> int:
-        return self.rank % self.tp
-
-    @property
-    def dp_rank(self) -> int:
-        return self.rank // self.tp
-
-    @property
-    def tp_mesh(self):
-        return self.mesh["tp"]
-
-    @property
-    def dp_group(self):
-        return self.mesh.get_group("dp")
-
-    @property
-    def name(self) -> str:
-        return f"pp1tp{self.tp}dp{self.dp}"
-
-
-def parse_layout(text: str, rank: int, world: int) -> Layout:
-    from migrate.layout import ParallelConfig
-
-    cfg = ParallelConfig.parse(text)
-    if cfg.pp != 1:
-        raise RuntimeError(f"layout {text}: pipeline parallelism is not supported in live mode yet; "
-                           "give --layouts with pp1")
-    return Layout(cfg.tp, cfg.dp, rank, world)
 
 
 class Job:
@@ -237,7 +217,7 @@ class Job:
     def _save_checkpoint(self) -> str:
         """This rank's part of a checkpoint of the current step (every rank of the world calls it)."""
         return runtime_ckpt.save(self.ckpt_dir, _state_views(self.model, self.optimizer), self._my_manifest(),
-                                 self.layout.mesh, self.extras, self.step, self.layout.rank)
+                                 self.layout.dp_tp_mesh, self.extras, self.step, self.layout.rank)
 
     def _extras_state(self) -> dict:
         return {k: copy.deepcopy(v.state_dict()) for k, v in self.extras.items()}
@@ -273,7 +253,7 @@ class Job:
             t0 = time.perf_counter()
             try:
                 self.step = self._committed = self._saved = runtime_ckpt.load(
-                    path, _state_views(self.model, self.optimizer), self._my_manifest(), self.layout.mesh,
+                    path, _state_views(self.model, self.optimizer), self._my_manifest(), self.layout.dp_tp_mesh,
                     self.extras)
             except Exception as exc:
                 self.ctl.set_result(ev["epoch"], self.device, {"ok": False, "error": f"device {self.device}: "
@@ -316,8 +296,6 @@ class Job:
     def _enter(self, layout: str, devices: list[int], world: str, local: dict | None) -> None:
         """Join the layout's world, build model and optimizer there, fill them with `local` if given.
         WorldAborted when a member died first: `local` is kept for the recovery."""
-        from torch.distributed.device_mesh import init_device_mesh
-
         try:
             rank = self.ctl.join_world(world, devices, self.device, 120.0, abort_key=f"abort/{world}")
         except C.WorldAborted:
@@ -327,7 +305,7 @@ class Job:
             raise
         _forget_old_meshes()
         lay = parse_layout(layout, rank, len(devices))
-        lay.mesh = init_device_mesh("cpu", (lay.dp, lay.tp), mesh_dim_names=("dp", "tp"))
+        lay.mesh = device_mesh(lay)
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(len(devices)), "ELASTIC_LAYOUT": lay.name})
         self.model, self.optimizer = self._build(lay)
         self.layout, self.devices, self.world = lay, list(devices), world
@@ -351,10 +329,11 @@ class Job:
         import torch
 
         module = self._build_model(lay)
-        if lay.tp > 1 and self.tp_plan:
+        plan = _stage_plan(module, self.tp_plan)
+        if lay.tp > 1 and plan:
             from torch.distributed.tensor.parallel import parallelize_module
 
-            module = parallelize_module(module, lay.tp_mesh, self.tp_plan)
+            module = parallelize_module(module, lay.tp_mesh, plan)
         opt = self._build_opt(module.parameters())
         # create the optimizer's state now (a step with zero gradients), so it can be filled and moved
         saved = {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -372,16 +351,17 @@ class Job:
         return module, opt
 
     def _class_manifests(self, layout: str) -> list:
-        """The manifest of each class (pp rank * tp + tp rank) of `layout`, built on the meta device (DP
-        replicas hold their class's); no process needs to hold the layout."""
-        from migrate.manifest import meta_module, plan_manifest
+        """The manifest of each class (pp rank * tp + tp rank) of `layout`: the stages built on the meta
+        device, or the script's `manifest` producer (DP replicas hold their class's); no process needs
+        to hold the layout."""
+        from migrate.layout import ParallelConfig
+        from migrate.manifest import layout_manifests, stage_manifests
 
-        lay = parse_layout(layout, 0, 0)
+        cfg = ParallelConfig.parse(layout)
         if self._produce is not None:
-            return [self._produce(parse_layout(layout, t, lay.tp * lay.dp)) for t in range(lay.tp)]
-        kind = _optimizer_kind(self._build_opt)
-        return [plan_manifest(meta_module(self._build_model, Layout(lay.tp, 1, t, lay.tp)), self.tp_plan, lay.tp, t,
-                              kind) for t in range(lay.tp)]
+            return layout_manifests(cfg, lambda r: self._produce(parse_layout(layout, r, cfg.world_size)))
+        return stage_manifests(cfg, lambda r: self._build_model(parse_layout(layout, r, cfg.world_size)),
+                               self.tp_plan, _optimizer_kind(self._build_opt))
 
     def _manifests(self, layout: str) -> list:
         """Per-rank manifests of `layout` (no process needs to hold it)."""
@@ -440,8 +420,10 @@ class Job:
             self.log(msg)
             self.ctl.set_result(e, self.device, {"ok": False, "error": msg, "phases": {}})
             return self.device not in ev.get("exit_fail", [])
+        # what this process received from others (the launcher adds the participants' figures up)
         moved = sum((t.hi - t.lo) * new_ms[t.dst].by_fqn()[t.fqn].row_bytes if t.dim is not None
-                    else new_ms[t.dst].by_fqn()[t.fqn].nbytes for t in transfers if same.get(t.dst) != t.src)
+                    else new_ms[t.dst].by_fqn()[t.fqn].nbytes
+                    for t in transfers if t.dst == new_rank and same.get(t.dst) != t.src)
         t2 = time.perf_counter()
         if new_rank is None:
             import torch.distributed as dist
@@ -472,6 +454,15 @@ class Job:
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+
+
+def _stage_plan(module, tp_plan: Mapping) -> dict:
+    """The entries of `tp_plan` that name a module this stage holds (a pipeline stage lacks the others;
+    parallelize_module would warn about every one of them)."""
+    from fnmatch import fnmatch
+
+    names = [n for n, _ in module.named_modules()]
+    return {k: v for k, v in tp_plan.items() if any(fnmatch(n, k) for n in names)}
 
 
 def _forget_old_meshes() -> None:
@@ -546,22 +537,36 @@ def _loads(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
+def _default_threads() -> None:
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 # -- joining --------------------------------------------------------------------------------------
 def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None,
          state: Mapping[str, object] | None = None, manifest: Callable | None = None) -> Job:
     """Join the elastic job as one live-mode worker; returns the Job whose `next_step()` drives training.
 
-    model(layout) -> nn.Module: the whole model, created identically on every rank (seed it);
+    model(layout) -> nn.Module: the whole model, created identically on every rank (seed it); with
+    layout.pp > 1 only the stage `layout.pp_rank` of it, under the whole model's names (see above);
     tp_plan: parallelize_module's plan, applied by the runtime when the layout has tp > 1;
     optimizer(params) -> torch.optim.Optimizer; state: extra objects with state_dict/load_state_dict;
     manifest(layout) -> migrate.manifest.Manifest: for a model that shards itself (its parameters are plain
     tensors holding its TP shard, Megatron-style, e.g. migrate.gpt_live), what the rank `layout.rank` of a
     layout holds (called for layouts no process holds yet too); without it the runtime derives it from
-    `tp_plan` on the meta device."""
+    `tp_plan` on the meta device.
+
+    Every worker computes on OMP_NUM_THREADS threads, 1 unless the environment sets it (torchrun's
+    default, which the workers started in restart mode get): workers started later by a grow then
+    compute exactly like the first ones (a reduction's order can depend on the thread count)."""
     from launcher.worker import device_from_env
 
     if C.ENV_STORE not in os.environ:
         raise RuntimeError(f"{JOIN_CALL}: this program must be started by elastic-launch (${C.ENV_STORE} is unset)")
+    _default_threads()
     device, _local_id, _gpn = device_from_env()
     ctl = C.Control.from_env()
     ctl.hello(device)
@@ -569,7 +574,7 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
     # the launcher places ranks with the ETC planner over these, for every layout shape it may choose
     shapes = ctl.get_json(C.KEY_SHAPES) if ctl.has(C.KEY_SHAPES) else ["pp1tp1"]
     spec = {"kind": "generic", "tp_plan": sorted(job.tp_plan),
-            "manifests": {s: [m.to_list() for m in job._class_manifests(s)] for s in shapes if s.startswith("pp1t")}}
+            "manifests": {s: [m.to_list() for m in job._class_manifests(s)] for s in shapes}}
     spec = json.loads(json.dumps(spec, sort_keys=True))
     agreed = ctl.offer_model(spec)
     if agreed != spec:

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 
 def layouts_for(la: "Launcher"):
-    """Allowed layouts of a generic model: --layouts without pipeline stages, else pure DP."""
-    return [c for c in la.opts.layouts if c.pp == 1]
+    """Allowed layouts of a generic model: --layouts (any PP x TP x DP: the workers build their stages
+    and manifests themselves), else pure DP."""
+    return list(la.opts.layouts)
 
 
 def choose(la: "Launcher", devices: int):

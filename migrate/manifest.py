@@ -14,6 +14,8 @@ Producers:
     the model built on the meta device and its `parallelize_module` plan (ColwiseParallel shards
     weight and bias along dim 0, RowwiseParallel the weight along dim 1 with the bias whole) --
     the paper's meta-model approach, without a device mesh;
+  * `stage_manifests(cfg, build_stage, tp_plan)`: every class (pp rank, tp rank) of a PP x DP x TP
+    layout of any model, its pipeline stages built on the meta device;
   * `gpt_manifest(model, cfg, rank)`: the reference GPT (migrate.layout.ModelSpec).
 
 `class_cost(rows, cols)` turns manifests into the planner's byte workload: cost[i, j] = the bytes
@@ -269,3 +271,12 @@ def layout_manifests(cfg, produce) -> list[Manifest]:
     """One manifest per class (pp * tp + tp_rank) of layout `cfg`: produce(rank) for the class's first
     DP rank (DP replicas hold the same state)."""
     return [produce(cfg.rank(p, 0, t)) for p in range(cfg.pp) for t in range(cfg.tp)]
+
+
+def stage_manifests(cfg, build_stage, tp_plan: Mapping[str, object] | None,
+                    optimizer: str | None = "adam") -> list[Manifest]:
+    """One manifest per class (pp rank * tp + tp rank) of layout `cfg` of any model: `build_stage(rank)`
+    builds the pipeline stage of `rank` (under the whole model's FQNs), here on the meta device;
+    `tp_plan` cuts it as in plan_manifest. DP replicas hold their class's manifest."""
+    return layout_manifests(cfg, lambda r: plan_manifest(meta_module(build_stage, r), tp_plan, cfg.tp,
+                                                         cfg.coords(r)[2], optimizer))

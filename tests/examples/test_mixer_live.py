@@ -5,47 +5,17 @@ every step; across each migration the state before step S+1 on the new layout eq
 after step S on the old one bit for bit, and every step runs exactly once."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from db import Store
-from launcher.cli import main as elastic
-from tests.examples.harness import ROOT, assert_state_carried, mixer_rows, wait
-
-
-def _log(path: Path) -> list[tuple[int, str, int]]:
-    return [r[:3] for r in mixer_rows(path)]
-
-
-def _wait(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
-    wait(cond, timeout, what, lambda: proc.poll() is None)
+from tests.examples.harness import assert_state_carried, shrink_and_grow
 
 
 def test_mixer_tp_dp_migrates_live_bit_exact_on_shrink_and_grow(tmp_path: Path) -> None:
-    url, log, dump = f"sqlite:///{tmp_path}/e.db", tmp_path / "steps.log", tmp_path / "dump"
+    url, dump = f"sqlite:///{tmp_path}/e.db", tmp_path / "dump"
     dump.mkdir()
-    cmd = [sys.executable, "-m", "launcher.launch", "--backend", "local", "--nnodes", "1:2", "--gpus-per-node", "2",
-           "--layouts", "tp2dp2,tp2dp1", "--db", url, "--job-name", "mixer", "--log-dir", str(tmp_path / "logs"),
-           "--poll", "0.1", "--", "python", str(ROOT / "examples" / "mixer_live.py"), "--steps", "40",
-           "--log", str(log), "--dump-dir", str(dump), "--step-sleep", "0.25"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait(lambda: len(_log(log)) >= 3, 120, "3 steps on tp2dp2", proc)
-        assert elastic(["resize", "mixer", "--nodes", "1", "--db", url]) == 0
-        _wait(lambda: any(r[1] == "pp1tp2dp1" for r in _log(log)), 120, "a step on tp2dp1", proc)
-        shrunk = next(r[0] for r in _log(log) if r[1] == "pp1tp2dp1")
-        _wait(lambda: _log(log)[-1][0] >= shrunk + 2, 120, "two steps on tp2dp1", proc)
-        assert elastic(["resize", "mixer", "--nodes", "2", "--db", url]) == 0
-        out, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out
-    rows = _log(log)
+    rows = shrink_and_grow(tmp_path, "mixer", "tp2dp2,tp2dp1", "pp1tp2dp1", "mixer_live.py",
+                           ["--steps", "40", "--dump-dir", str(dump), "--step-sleep", "0.25"])
     assert [r[0] for r in rows] == list(range(1, 41)), rows  # every step once, none lost or repeated
     assert [r[2] for r in rows] == [8 * s for s in range(1, 41)]  # the data position travelled
     layouts = [r[1] for r in rows]

@@ -118,3 +118,47 @@ def test_meta_manifest_equals_the_dtensor_state_real_processes_hold() -> None:
         real = {e.fqn: e for e in Manifest.from_list(got[r]).entries}
         meta = {e.fqn: e for e in plan_manifest(meta_module(Mixer), TP_PLAN, 2, r).entries}
         assert real == meta
+
+
+class _Stack(nn.Module):
+    """A pipeline-able model: in, 4 blocks, head; `_stage` cuts it to one stage under the global names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(3, 8)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8)) for _ in range(4))
+        self.head = nn.Linear(8, 2)
+
+
+def _stage(cfg: ParallelConfig, rank: int) -> _Stack:
+    pp = cfg.coords(rank)[0]
+    m = _Stack()
+    for i in range(4):
+        if i // (4 // cfg.pp) != pp:
+            m.blocks[i] = nn.Identity()
+    m.inp = m.inp if pp == 0 else None
+    m.head = m.head if pp == cfg.pp - 1 else None
+    return m
+
+
+def test_stage_manifests_of_pp_layouts_hold_each_stage_once_and_move_only_what_changes_owner() -> None:
+    from migrate.manifest import stage_manifests
+    from migrate.reshard import plan_transfers
+
+    plan = {f"blocks.{i}.1": "ColwiseParallel" for i in range(4)}
+    whole = {k: v.numel() * 4 for k, v in _Stack().state_dict().items()}  # fp32 bytes by name
+    for text in ("pp2tp2dp2", "pp4tp1dp1", "pp1tp2dp1"):
+        cfg = ParallelConfig.parse(text)
+        ms = stage_manifests(cfg, lambda r, cfg=cfg: _stage(cfg, r), plan, optimizer=None)  # per (pp, tp)
+        assert len(ms) == cfg.pp * cfg.tp
+        for c, m in enumerate(ms):
+            assert all(e.dim is None or (e.index, e.count) == (c % cfg.tp, cfg.tp) for e in m.entries)
+        stages = [{e.fqn for e in ms[p * cfg.tp].entries} for p in range(cfg.pp)]
+        assert sorted(n for s in stages for n in s) == sorted(whole)  # every tensor on exactly one stage
+        assert next(iter(_stage(cfg, 0).parameters())).device.type == "cpu"  # the builder itself is untouched
+    # pp2 -> pp1 (dp1, tp1) on the first stage's process: the second stage's bytes move, nothing else
+    old = stage_manifests(ParallelConfig(pp=2), lambda r: _stage(ParallelConfig(pp=2), r), None, optimizer=None)
+    new = stage_manifests(ParallelConfig(pp=1), lambda r: _stage(ParallelConfig(pp=1), r), None, optimizer=None)
+    moved = [t for t in plan_transfers(old, new, {0: 0}) if t.src != 0]
+    assert moved and {t.src for t in moved} == {1}
+    assert sum(whole[t.fqn] for t in moved) == sum(v for k, v in whole.items() if k.startswith(("blocks.2", "blocks.3", "head")))

@@ -1,0 +1,116 @@
+"""PUBLIC (through launcher.runtime): where one live-mode worker stands in a PP x DP x TP layout.
+
+A layout `ppPtpTdpD` has P pipeline stages, each replicated D times (DP), each replica cut T ways
+(TP). Ranks follow Megatron's order (migrate.layout.ParallelConfig): TP fastest, then DP, then
+PP, so rank = (pp_rank * dp + dp_rank) * tp + tp_rank, and the ranks of one stage are contiguous.
+
+The script builds ITS STAGE of the model for a layout (the `model(layout)` builder of
+`runtime.join`). The recommended way, torchtitan's: build the whole model with the same seed on
+every rank, then drop what other stages own while keeping the GLOBAL fully-qualified names
+(`blocks.5.fc.weight` stays `blocks.5.fc.weight` on the stage that holds block 5), e.g. with
+`keep_stage_blocks` (other stages' blocks become `nn.Identity()`) and `None` for an embedding or
+head the stage does not own. Names that do not depend on the split make the state manifests of
+different splits match, so a migration moves only what changes owner. The builder is also called
+on the meta device for layouts no process holds yet (`layout.mesh` is None then): it must decide
+from `layout.pp`, `layout.pp_rank` (and `tp`, `dp`) alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Layout:
+    """This process's place in the running layout: sizes `pp`, `tp`, `dp`, its `rank` in `world_size`,
+    and `mesh`, the (pp, dp, tp) DeviceMesh (dims named "pp", "dp", "tp"; None on the meta device)."""
+
+    pp: int
+    tp: int
+    dp: int
+    rank: int
+    world_size: int
+    mesh: object = None
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def dp_rank(self) -> int:
+        return (self.rank // self.tp) % self.dp
+
+    @property
+    def pp_rank(self) -> int:
+        """This process's pipeline stage (0 = the first)."""
+        return self.rank // (self.tp * self.dp)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def prev_rank(self) -> int | None:
+        """Global rank of the previous stage's process with this DP and TP rank (None on the first stage):
+        where activations come from and gradients go to."""
+        return None if self.is_first_stage else self.rank - self.tp * self.dp
+
+    @property
+    def next_rank(self) -> int | None:
+        """Global rank of the next stage's process with this DP and TP rank (None on the last stage)."""
+        return None if self.is_last_stage else self.rank + self.tp * self.dp
+
+    @property
+    def tp_mesh(self):
+        return self.mesh["tp"]
+
+    @property
+    def dp_tp_mesh(self):
+        """The (dp, tp) mesh of this rank's stage (checkpoints place its pieces on it)."""
+        return self.mesh["dp", "tp"]
+
+    @property
+    def dp_group(self):
+        return self.mesh.get_group("dp")
+
+    @property
+    def pp_group(self):
+        """The process group of this pipeline (one process per stage, same DP and TP rank)."""
+        return self.mesh.get_group("pp")
+
+    def stage_blocks(self, n: int) -> range:
+        """Block indices this stage owns out of `n` in a row: contiguous, sizes differing by at most one
+        (n // pp each when pp divides n, the reference GPT's rule)."""
+        return range(self.pp_rank * n // self.pp, (self.pp_rank + 1) * n // self.pp)
+
+    @property
+    def name(self) -> str:
+        return f"pp{self.pp}tp{self.tp}dp{self.dp}"
+
+
+def parse_layout(text: str, rank: int, world: int) -> Layout:
+    from migrate.layout import ParallelConfig
+
+    cfg = ParallelConfig.parse(text)
+    return Layout(cfg.pp, cfg.tp, cfg.dp, rank, world)
+
+
+def device_mesh(lay: Layout):
+    """The (pp, dp, tp) CPU DeviceMesh of the current world (every rank calls it: it forms groups)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (lay.pp, lay.dp, lay.tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+def keep_stage_blocks(blocks, layout: Layout) -> None:
+    """Keep in the nn.ModuleList `blocks` only this stage's blocks (Layout.stage_blocks); the others
+    become nn.Identity(), so the kept ones keep their global names (`blocks.<i>.…`)."""
+    from torch import nn
+
+    mine = layout.stage_blocks(len(blocks))
+    for i in range(len(blocks)):
+        if i not in mine:
+            blocks[i] = nn.Identity()
