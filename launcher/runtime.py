@@ -376,7 +376,7 @@ class Job:
         """Move the state from the old layout to the new one (migrate.reshard, by manifest); commits
         all-or-nothing (`ev/<e>/commit`). A recovery (`failed` devices) takes every piece from a survivor."""
         from migrate.manifest import Manifest
-        from migrate.reshard import execute, plan_transfers
+        from migrate.reshard import execute, plan_transfers, transfer_bytes
 
         e, parts = ev["epoch"], ev["participants"]
         prev, curr = ev["prev"], ev["curr"]
@@ -421,8 +421,7 @@ class Job:
             self.ctl.set_result(e, self.device, {"ok": False, "error": msg, "phases": {}})
             return self.device not in ev.get("exit_fail", [])
         # what this process received from others (the launcher adds the participants' figures up)
-        moved = sum((t.hi - t.lo) * new_ms[t.dst].by_fqn()[t.fqn].row_bytes if t.dim is not None
-                    else new_ms[t.dst].by_fqn()[t.fqn].nbytes
+        moved = sum(transfer_bytes(t, new_ms[t.dst].by_fqn()[t.fqn])
                     for t in transfers if t.dst == new_rank and same.get(t.dst) != t.src)
         t2 = time.perf_counter()
         if new_rank is None:

@@ -53,6 +53,23 @@ def test_transfers_cover_every_needed_element_once(a: int, b: int, same: dict[in
                              and old[same[t.dst]].by_fqn()[t.fqn].dim is None)
 
 
+@pytest.mark.parametrize("a,b", [(2, 1), (1, 2), (2, 3), (3, 1)])
+def test_bytes_of_a_transfer_are_the_elements_it_moves(a: int, b: int) -> None:
+    from migrate.reshard import transfer_bytes
+
+    new = layout(b)
+    for tr in plan_transfers(layout(a), new, {}):
+        e = new[tr.dst].by_fqn()[tr.fqn]
+        mask = torch.zeros(e.shape, dtype=torch.bool)  # brute force: mark the moved elements
+        if tr.dim is None:
+            mask[...] = True
+        else:
+            mask.narrow(tr.dim, tr.lo, tr.hi - tr.lo).fill_(True)
+        if e.dim is not None:
+            mask = cut(mask, e)
+        assert transfer_bytes(tr, e) == int(mask.sum()) * 4, tr
+
+
 def test_a_piece_nobody_holds_is_refused() -> None:
     with pytest.raises(ManifestError, match="no process holds"):
         plan_transfers([Manifest(())], layout(1), {})
