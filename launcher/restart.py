@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from launcher.torchrun_exec import ENV_RANK_BASE
+from launcher.transaction import release_departed
 
 
 def torchrun_env(*, master_addr: str, master_port: int, node_rank: int, node_sizes: Sequence[int],
@@ -156,16 +157,7 @@ class RestartMode:
                f"{','.join(target)} ({trigger}); stopping the workers")
         stop_s = self.stop_world()
         leaving = [n for n in before if n not in target]
-        error = None
-        if leaving:
-            try:
-                la.backend.release([n for n in la.alloc if n not in leaving and n not in la.gone])
-                for n in leaving:
-                    la.db.set_node_state(la.job_id, n, "released")
-            except Exception as exc:  # SlurmError: the nodes stay allocated
-                error = f"node release failed (nodes stay allocated, idle): {exc}"
-                for n in leaving:
-                    la.db.set_node_state(la.job_id, n, "idle")
+        error, notes = release_departed(la, leaving, mid)
         self.count += 1
         t1 = time.perf_counter()
         try:
@@ -186,6 +178,8 @@ class RestartMode:
         out.ok, out.phases, out.nodes_after = error is None, phases, len(la.active)
         out.message = error or (f"restarted: {out.from_layout} -> {out.to_layout}, {len(before)} -> "
                                 f"{out.nodes_after} nodes (restart {self.count})")
+        for note in notes:
+            out.message += "; " + note
         la.log(out.message + f" (stop {phases['stop']:.2f}s, start {phases['start']:.2f}s)")
         la.outcomes.append(out)
         return out

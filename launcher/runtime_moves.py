@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from launcher.transaction import release_departed
+
 if TYPE_CHECKING:
     from launcher.loop import Launcher
 
@@ -148,14 +150,7 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
     la.record_survival()
     for n in leaving:
         la.reap(n)
-    error = None
-    if leaving:
-        try:
-            la.backend.release([n for n in la.alloc if n not in leaving and n not in la.gone])
-            for n in leaving:
-                la.db.set_node_state(la.job_id, n, "released")
-        except Exception as exc:  # SlurmError: the job trains on, the nodes stay allocated
-            error = f"node release failed (nodes stay allocated, idle): {exc}"
+    error, notes = release_departed(la, leaving, mid)
     steps = {r["step"] for r in results.values() if r.get("step") is not None}
     out.at_step = min(steps) if steps else None
     out.bytes_moved = sum(r.get("bytes_moved", 0) for r in results.values())
@@ -164,6 +159,8 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
     out.ok, out.phases, out.nodes_after = error is None, phases, len(la.active)
     out.message = error or f"{out.from_layout} -> {out.to_layout}, {len(before)} -> {out.nodes_after} nodes " \
                            f"(live, at step {out.at_step}, {time.perf_counter() - t0:.2f} s)"
+    for note in notes:
+        out.message += "; " + note
     la.log(out.message)
     la.outcomes.append(out)
     return out

@@ -110,7 +110,7 @@ class Transaction:
             self._kill(new_nodes)
             return self._roll_back(msg, failed)
         self._commit(p, e, leaving)
-        error, notes = self._release(leaving)
+        error, notes = release_departed(job, leaving, self.out.migration_id)
         return self._finish(p, results, len(before), error, notes)
 
     def _plan(self, target: list[str], failed: Sequence[int]):
@@ -186,22 +186,6 @@ class Transaction:
         for n in leaving:
             job.reap(n)
 
-    def _release(self, leaving: list[str]) -> tuple[str | None, list[str]]:
-        """Give the departed nodes back (NodeBackend.release); (error, notes)."""
-        job = self.job
-        if not leaving:
-            return None, []
-        keep = [n for n in job.alloc if n not in leaving and n not in job.gone]
-        try:
-            notes = job.backend.release(keep)
-        except Exception as exc:  # SlurmError: the job keeps running, the nodes stay allocated
-            for n in leaving:
-                job.db.set_node_state(job.job_id, n, "idle")
-            return f"node release failed (nodes stay allocated, idle): {exc}", []
-        for n in leaving:  # a node Slurm would not let go stays allocated, idle (the notes say why)
-            job.db.set_node_state(job.job_id, n, "idle" if job.backend.holds(n) else "released")
-        return None, notes
-
     def _finish(self, p, results: dict[int, dict], nodes_before: int, error: str | None,
                 notes: list[str]) -> Outcome:
         job, out = self.job, self.out
@@ -213,9 +197,6 @@ class Transaction:
         out.message = error or f"{out.from_layout} -> {out.to_layout}, {nodes_before} -> {out.nodes_after} nodes"
         for note in notes:
             out.message += "; " + note
-            job.db.audit("elastic-launch", "release", f"job:{job.job_id}", note)
-        if notes:  # in the migration's history too (its plan summary's notes)
-            job.db.add_migration_notes(out.migration_id, notes)
         job.log(out.message + f" (at step {out.at_step}, phases " +
                 ", ".join(f"{k} {v:.3f}s" for k, v in self.phases.items()) + ")")
         return self._done()
@@ -271,3 +252,29 @@ class Transaction:
                                 steps_lost=lost)
         job.log(f"{out.from_layout} -> {out.to_layout}: {out.message}")
         return self._done()
+
+
+def release_departed(job: "Launcher", leaving: list[str], migration_id: int) -> tuple[str | None, list[str]]:
+    """Give the departed nodes back after a committed move (NodeBackend.release): (error, notes).
+
+    One place for every kind of move (ETC transaction, live reshard, restart), so each records the
+    same node states: a node Slurm would not let go stays allocated, idle, and the backend's notes
+    (which component gave what back, the fallback where Slurm refused) go into the audit log and
+    the migration's history.
+    """
+    if not leaving:
+        return None, []
+    keep = [n for n in job.alloc if n not in leaving and n not in job.gone]
+    try:
+        notes = job.backend.release(keep)
+    except Exception as exc:  # SlurmError: the job keeps running, the nodes stay allocated
+        for n in leaving:
+            job.db.set_node_state(job.job_id, n, "idle")
+        return f"node release failed (nodes stay allocated, idle): {exc}", []
+    for n in leaving:
+        job.db.set_node_state(job.job_id, n, "idle" if job.backend.holds(n) else "released")
+    for note in notes:
+        job.db.audit("elastic-launch", "release", f"job:{job.job_id}", note)
+    if notes:  # in the migration's history too (its plan summary's notes)
+        job.db.add_migration_notes(migration_id, notes)
+    return None, notes
