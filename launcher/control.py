@@ -225,6 +225,12 @@ class Control:
         """Note the wall time of `name` (now by default) for the timeline of the current event."""
         self.marks[name] = time.time() if when is None else when
 
+    def formed_s(self, world: str) -> float:
+        """Seconds forming process-group world `world` took by this worker's marks, not counting the wait
+        for its members to arrive (a joiner waits there for the old layout's last step; launcher.timeline
+        shows the waits). 0 when this worker did not join it."""
+        return self.marks.get(f"formed {world}", 0.0) - self.marks.get(f"met {world}", 0.0)
+
     def results(self, epoch: int, devices: Iterable[int]) -> dict[int, dict]:
         return self._many(f"ev/{epoch}/res/", devices)  # type: ignore[return-value]
 
@@ -327,6 +333,8 @@ class Control:
         if dist.is_initialized() and not kept:
             dist.destroy_process_group()
             self.pg_members = None
+        if kept:
+            self.mark(f"kept {name}")  # the process group was kept (tests and the timeline can tell)
         self.mark(f"met {name}")
         if not kept:
             dist.init_process_group("gloo", store=dist.PrefixStore(f"world/{name}/", self.store), rank=rank,

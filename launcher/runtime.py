@@ -111,6 +111,7 @@ class Job:
         self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
         self.ckpt_every = int(os.environ.get(C.ENV_CKPT_EVERY, "0") or 0) if self.ckpt_dir else 0
         self._saved = -1  # the last step a safety checkpoint was written at
+        self._prepared: dict[int, dict] = {}  # event -> new local tensors allocated ahead of that reshard
         self.fault = runtime_faults.fault_for(device)  # $ELASTIC_FAULT (tests)
 
     def log(self, msg: str) -> None:
@@ -127,7 +128,9 @@ class Job:
                 live = not self.broken
             ev = self.ctl.event(self.epoch) if live else self.ctl.wait_event(self.epoch)
             if ev is not None and live and self._at is None and not ev.get("urgent"):
+                self.ctl.mark("event seen")
                 self._at = self.ctl.agree_at(self.epoch, self.step)
+                self._prepare(ev)  # while the old layout still trains, outside the pause
             if ev is not None and (not live or self._at is None or self.step >= self._at):
                 self._at = None
                 if not self._handle(ev):
@@ -293,11 +296,17 @@ class Job:
         self.ctl.set_result(ev["epoch"], self.device, result)  # the launcher reads the folder once all reported
         return False
 
-    def _enter(self, layout: str, devices: list[int], world: str, local: dict | None) -> None:
-        """Join the layout's world, build model and optimizer there, fill them with `local` if given.
-        WorldAborted when a member died first: `local` is kept for the recovery."""
+    def _enter(self, layout: str, devices: list[int], world: str, local: dict | None, keep: bool = False) -> float:
+        """Join the layout's world, build model and optimizer there, fill them with `local` if given;
+        returns the seconds spent forming process groups (the rest is the rebuild). keep=True (the
+        process group this worker is in is healthy: a migration just committed in it) keeps that group
+        when its members are exactly `devices` in rank order (Control.join_world), so process-group
+        ranks stay the layout's ranks. WorldAborted when a member died first: `local` is kept for the
+        recovery."""
+        t0 = time.perf_counter()
+        keep = keep and self.ctl.pg_members == list(devices)
         try:
-            rank = self.ctl.join_world(world, devices, self.device, 120.0, abort_key=f"abort/{world}")
+            rank = self.ctl.join_world(world, devices, self.device, 120.0, abort_key=f"abort/{world}", keep=keep)
         except C.WorldAborted:
             self.model = self.optimizer = None
             self._kept = None if local is None else {"local": local, "step": self.step,
@@ -306,6 +315,7 @@ class Job:
         _forget_old_meshes()
         lay = parse_layout(layout, rank, len(devices))
         lay.mesh = device_mesh(lay)
+        groups_s = time.perf_counter() - t0
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(len(devices)), "ELASTIC_LAYOUT": lay.name})
         self.model, self.optimizer = self._build(lay)
         self.layout, self.devices, self.world = lay, list(devices), world
@@ -313,6 +323,7 @@ class Job:
             _load_local(self.model, self.optimizer, local)
         runtime_faults.install_commit(self.optimizer, self._vote)
         self.broken, self._kept, self._committed, self._saved = False, None, self.step, self.step
+        return groups_s
 
     def _release(self) -> dict | None:
         """Drop model and optimizer; returns the state they (or a kept copy) held: local tensors, step, objects."""
@@ -372,9 +383,29 @@ class Job:
         cfg, classes = ParallelConfig.parse(layout), self._mcache[layout]
         return [classes[cfg.coords(r)[0] * cfg.tp + cfg.coords(r)[2]] for r in range(cfg.world_size)]
 
+    def _prepare(self, ev: dict) -> None:
+        """Allocate (and touch) the new local tensors this worker will receive in reshard event `ev`, while
+        the old layout still trains or, on a joining worker, while it waits for the old layout's last
+        step: receiving into memory already mapped is several times faster on CPU (facts.md). Not with
+        --release-early, where memory comes first (new tensors are made only as old ones go)."""
+        e = ev["epoch"]
+        if ev.get("kind") != "reshard" or ev.get("release_early") or e in self._prepared \
+                or self.device not in ev["participants"] or self.device not in ev["curr"]["devices"]:
+            return
+        new = self._manifests(ev["curr"]["layout"])[ev["curr"]["devices"].index(self.device)]
+        self._prepared[e] = _allocate(new)
+
     def _reshard(self, ev: dict) -> bool:
         """Move the state from the old layout to the new one (migrate.reshard, by manifest); commits
-        all-or-nothing (`ev/<e>/commit`). A recovery (`failed` devices) takes every piece from a survivor."""
+        all-or-nothing (`ev/<e>/commit`). A recovery (`failed` devices) takes every piece from a survivor.
+
+        Reports what the reference worker reports, for `elastic history` and `elastic bench --explain`
+        (launcher.timeline): the phases build_groups (forming process groups), execute (the transfer),
+        other (exporting the state, exchanging the registered objects) and rebuild (the model and
+        optimizer on the new layout), and the marks boundary, moved, agreed, built besides the worlds'.
+        The migration world's members are the new layout's devices in rank order, then the ones that
+        leave: a grow's migration world is then the new training world, and a shrink's the old one, so
+        either is kept instead of formed anew when its group is healthy (Control.join_world keep=True)."""
         from migrate.manifest import Manifest
         from migrate.reshard import execute, plan_transfers, transfer_bytes
 
@@ -382,7 +413,9 @@ class Job:
         prev, curr = ev["prev"], ev["curr"]
         if self.device not in parts:
             return self.device not in ev.get("exit_ok", [])
+        self.ctl.mark("boundary")
         t0 = time.perf_counter()
+        healthy = self.model is not None and not self.broken and not ev.get("urgent")
         failed = set(ev.get("failed", []))
         alive = [r for r, d in enumerate(prev["devices"]) if d not in failed]
         old_rank = prev["devices"].index(self.device) if self.device in prev["devices"] and self.device not in failed \
@@ -399,52 +432,70 @@ class Job:
         same = {r: prev["devices"].index(d) for r, d in enumerate(curr["devices"])
                 if d in prev["devices"] and d not in failed}
         transfers = plan_transfers(old_ms, new_ms, same)
+        self._prepare(ev)  # a joiner allocates here, before it waits for the old layout's last step
+        targets = self._prepared.pop(e, None)
+        members = list(curr["devices"]) + [d for d in parts if d not in curr["devices"]]
+        release_early = bool(ev.get("release_early"))
+        other = time.perf_counter() - t0
         try:
-            self.ctl.join_world(f"m{e}", parts, self.device, 120.0, abort_key=f"ev/{e}/commit")
+            self.ctl.join_world(f"m{e}", members, self.device, 120.0, abort_key=f"ev/{e}/commit", keep=healthy)
             t1 = time.perf_counter()
             runtime_faults.die_at(self.fault, "round", 0, self.log)
-            procs_old = [parts.index(d) if r in alive else -1 for r, d in enumerate(prev["devices"])]
-            procs_new = [parts.index(d) for d in curr["devices"]]
+            rank_of = dict(zip(members, self.ctl.world_ranks(members)))
+            procs_old = [rank_of[d] if r in alive else -1 for r, d in enumerate(prev["devices"])]
+            procs_new = [rank_of[d] for d in curr["devices"]]
             result = execute(transfers, old_rank, new_rank, held["local"] if old_rank is not None else {},
                              old_ms[old_rank] if old_rank is not None else None,
-                             new_ms[new_rank] if new_rank is not None else None, procs_old, procs_new)
+                             new_ms[new_rank] if new_rank is not None else None, procs_old, procs_new,
+                             release_early=release_early, targets=targets)
+            t2 = time.perf_counter()
+            self.ctl.mark("moved")
             runtime_faults.die_at(self.fault, "commit", None, self.log)
             if not self.ctl.decide(f"ev/{e}/commit", len(parts)):
                 raise runtime_faults.StepAborted("another participant failed or the launcher vetoed the commit")
             runtime_faults.die_at(self.fault, "committed", None, self.log)
+            self.ctl.mark("agreed")
         except Exception as exc:  # nothing committed: every participant keeps its old state
             self.ctl.veto(f"ev/{e}/commit")
             cut_collective_sockets(self.ctl.port)  # peers still in a transfer with us fail now
-            self._kept = held if old_rank is not None else None
+            whole = old_rank is not None and set(held["local"]) == set(old_ms[old_rank].by_fqn())
+            self._kept = held if whole else None  # release-early may have dropped verified pieces already
             msg = f"device {self.device}: migration failed ({type(exc).__name__}: {str(exc)[:200]}); old layout kept"
+            if old_rank is not None and not whole:
+                msg += " by the other replicas (this device released part of its old state early)"
             self.log(msg)
             self.ctl.set_result(e, self.device, {"ok": False, "error": msg, "phases": {}})
             return self.device not in ev.get("exit_fail", [])
         # what this process received from others (the launcher adds the participants' figures up)
         moved = sum(transfer_bytes(t, new_ms[t.dst].by_fqn()[t.fqn])
                     for t in transfers if t.dst == new_rank and same.get(t.dst) != t.src)
-        t2 = time.perf_counter()
+        groups = self.ctl.formed_s(f"m{e}")
+        phases = {"build_groups": groups, "execute": t2 - t1, "other": other}
         if new_rank is None:
             import torch.distributed as dist
 
             dist.destroy_process_group()
-            self.ctl.set_result(e, self.device, {"ok": True, "step": None, "bytes_moved": moved,
-                                                 "phases": {"execute": t2 - t1}})
+            self.ctl.pg_members = None
+            self.ctl.set_result(e, self.device, {"ok": True, "step": None, "bytes_moved": moved, "phases": phases})
             return self.device not in ev.get("exit_ok", [])  # on a node that stays: standby
+        t3 = time.perf_counter()
         src = same.get(new_rank, alive[0])
         extras = _loads(self.ctl.store.get(f"ev/{e}/extra/{src}"))
         self.step = int(self.ctl.store.get(f"ev/{e}/step/{src}").decode())
         for k, obj in self.extras.items():
             obj.load_state_dict(extras[k])
+        phases["other"] += time.perf_counter() - t3
         report = {"ok": True, "step": self.step, "bytes_moved": moved}
+        t4 = time.perf_counter()
         try:
-            self._enter(curr["layout"], curr["devices"], f"w{e}", result)
+            groups_w = self._enter(curr["layout"], curr["devices"], f"w{e}", result, keep=True)
         except C.WorldAborted:  # committed, but a new-layout peer died before training: the launcher recovers
-            self.ctl.set_result(e, self.device, {**report, "phases": {"execute": t2 - t1}})
+            self.ctl.set_result(e, self.device, {**report, "phases": phases})
             raise
+        self.ctl.mark("built")
         self.migrations += 1
-        self.ctl.set_result(e, self.device, {**report, "phases": {
-            "build_groups": t1 - t0, "execute": t2 - t1, "rebuild": time.perf_counter() - t2}})
+        phases.update(build_groups=groups + groups_w, rebuild=time.perf_counter() - t4 - groups_w)
+        self.ctl.set_result(e, self.device, {**report, "phases": phases})
         return True
 
     def _leave(self) -> None:
@@ -494,8 +545,18 @@ def _state_views(model, opt) -> dict:
 
 
 def _export_local(model, opt) -> dict:
-    """This rank's pieces by FQN, detached from the model (copies)."""
-    return {k: v.detach().clone() for k, v in _state_views(model, opt).items()}
+    """This rank's pieces by FQN, detached from the model: views of its tensors, no copy (the model and
+    optimizer are dropped right after, so nothing changes them; --release-early frees them one by one)."""
+    return {k: v.detach() for k, v in _state_views(model, opt).items()}
+
+
+def _allocate(manifest) -> dict:
+    """Zero-filled local tensors for every piece of `manifest` (zeros, not empty: the pages are mapped now)."""
+    import torch
+
+    dtypes = {name: getattr(torch, name) for name in ("float32", "float64", "bfloat16", "float16", "int64", "int32",
+                                                      "uint8", "int8", "bool")}
+    return {e.fqn: torch.zeros(e.local_shape, dtype=dtypes[e.dtype]) for e in manifest.entries}
 
 
 def _load_local(model, opt, local: Mapping) -> None:

@@ -123,6 +123,7 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
         parts = sorted((set(old.devices) - set(failed)) | set(new.devices))
         la.epoch = e
         la.ctl.post({"epoch": e, "kind": "reshard", "participants": parts, "failed": failed, "urgent": bool(failed),
+                     "release_early": la.opts.release_early,
                      "prev": {"layout": str(old.layout), "devices": list(old.devices)},
                      "curr": {"layout": str(layout), "devices": list(new.devices)},
                      "exit_ok": sorted(d for n in leaving for d in la.node_devices(n)),
@@ -141,8 +142,10 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
         la.resume_old(failed)
         return out
     phases = {k: max(r.get("phases", {}).get(k, 0.0) for r in results.values())
-              for k in ("build_groups", "execute", "rebuild")}
+              for k in ("build_groups", "execute", "rebuild", "other")}
     phases["plan"] = 0.0
+    out.marks = {d: r.get("marks", {}) for d, r in results.items()}  # launcher.timeline (elastic bench --explain)
+    out.worlds = (la.world, f"w{e}")
     la.pauses.add(mid, la.world, f"w{e}", out)
     la.current, la.world = new, f"w{e}"
     la.db.record_rank_map(la.job_id, la.epoch_base + e, str(layout), la.entries(new))
@@ -152,7 +155,10 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
         la.reap(n)
     error, notes = release_departed(la, leaving, mid)
     steps = {r["step"] for r in results.values() if r.get("step") is not None}
-    out.at_step = min(steps) if steps else None
+    # the agreed step boundary (launcher.control.agree_at); an urgent recovery applies at once, at the
+    # step the survivors kept
+    at = None if failed else la.ctl.at(e)
+    out.at_step = at if at is not None else min(steps) if steps else None
     out.bytes_moved = sum(r.get("bytes_moved", 0) for r in results.values())
     la.db.finish_migration(mid, "succeeded", out.bytes_moved, None, None, phases, error=error,
                            fragmentation_after=la.db.fragmentation(la.job_id), at_step=out.at_step)

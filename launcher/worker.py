@@ -315,12 +315,6 @@ class Worker:
 
         self.prepared[ev["epoch"]] = prepare_targets(MigrationPlan.from_dict(ev["plan"]), self.device)
 
-    def _formed_s(self, world: str) -> float:
-        """Seconds forming process-group world `world` took, not counting the wait for its members to
-        arrive (a joiner waits there for the old layout's last step; launcher.timeline shows waits)."""
-        m = self.ctl.marks
-        return m.get(f"formed {world}", 0.0) - m.get(f"met {world}", 0.0)
-
     def _migrate(self, ev: dict) -> bool:
         import torch.distributed as dist
 
@@ -378,7 +372,7 @@ class Worker:
             t3 = time.perf_counter()
             self.ctl.mark("built")
             result.update(ok=True, step=new_state.step if new_state else None, phases={
-                "build_groups": self._formed_s(f"m{e}") + groups_s, "execute": res.phases.get("execute", t2 - t1),
+                "build_groups": self.ctl.formed_s(f"m{e}") + groups_s, "execute": res.phases.get("execute", t2 - t1),
                 "other": res.phases.get("other", 0.0), "rebuild": (t3 - t2) - groups_s})
             self.ctl.set_result(e, self.device, result)
             self.log(f"migrated to {p.curr.layout}" + ("; leaving" if leave else f" as rank {new_devices.index(self.device)}"))

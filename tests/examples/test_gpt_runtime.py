@@ -1,16 +1,22 @@
 """The reference GPT through the public runtime API (tests/examples/gpt_script.py, migrate.gpt_live's builder
 and manifest) on 2 nodes x 2 devices: tp2dp2, shrunk to one node (tp2dp1) and grown back, live. Oracle: the
 loss of every step equals the uninterrupted one-process reference trainer's (within 1e-5: TP and DP change
-the reduction order), every step once."""
+the reduction order), every step once. Each migration reports what the reference worker's do (phases, the
+step it applied at, every worker's marks for launcher.timeline) and keeps the process group whose members do
+not change: the shrink's migration world is the old training world, the grow's new training world is its
+migration world."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import pytest
+
 from db import Store
 from launcher.backends.local import LocalNodes
 from launcher.loop import Launcher
 from launcher.options import Options
+from launcher.timeline import read as read_timeline
 from migrate.layout import ParallelConfig
 from tests.launcher.test_faults import check_curve, read_losses
 
@@ -43,5 +49,27 @@ def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tm
     assert [(m.status, m.from_layout, m.to_layout) for m in migs] == [
         ("succeeded", "pp1tp2dp2", "pp1tp2dp1"), ("succeeded", "pp1tp2dp1", "pp1tp2dp2")]
     assert migs[1].bytes_moved > 0
+    assert all(set(m.phases) == {"plan", "build_groups", "execute", "rebuild", "other"} for m in migs), migs
+    shrink, grow = [o for o in la.outcomes if o.migration_id is not None]
+    assert 3 <= shrink.at_step < grow.at_step, (shrink.at_step, grow.at_step)
+    assert [m.at_step for m in migs] == [shrink.at_step, grow.at_step]
+    e_shrink, e_grow = (int(o.worlds[1][1:]) for o in (shrink, grow))
+    kept_on = tuple(d for d, m in sorted(shrink.marks.items()) if "built" in m)
+    assert kept_on == (0, 1), shrink.marks  # the batch node's devices
+    for out, stays, leaves in ((shrink, (0, 1), (2, 3)), (grow, (0, 1, 2, 3), ())):
+        e = int(out.worlds[1][1:])
+        assert set(out.marks) == set(stays) | set(leaves), out.marks
+        for d, marks in out.marks.items():
+            want = {"boundary", f"met m{e}", f"formed m{e}", "moved", "agreed"} | (
+                {f"formed w{e}", "built"} if d in stays else set())
+            assert want <= set(marks), (d, sorted(marks))
+            assert marks["boundary"] <= marks["moved"] <= marks["agreed"], (d, marks)
+    # kept process groups: the shrink's migration world on all four, the grow's training world on all four
+    assert all(f"kept m{e_shrink}" in m for m in shrink.marks.values()), shrink.marks
+    assert all(f"kept w{e_grow}" in m for m in grow.marks.values()), grow.marks
+    assert not any(f"kept w{e_shrink}" in m or f"kept m{e_grow}" in m for o in (shrink, grow) for m in o.marks.values())
+    tl = read_timeline(la.ctl, grow, kept_on, la.current.devices)  # what elastic bench --explain prints
+    assert tl is not None and set(tl.rows) == {0, 1, 2, 3}, tl
+    assert sum(tl.critical_path().values()) == pytest.approx(tl.pause_s)
     timeline = store.steps(job.id)  # job.report_loss: the latest step at each poll of the launcher
     assert timeline and {(r.step, r.loss, r.layout) for r in timeline} <= set(rows), (timeline, rows)
