@@ -113,6 +113,7 @@ class Job:
         self._saved = -1  # the last step a safety checkpoint was written at
         self._prepared: dict[int, dict] = {}  # event -> new local tensors allocated ahead of that reshard
         self.fault = runtime_faults.fault_for(device)  # $ELASTIC_FAULT (tests)
+        self.safety = runtime_ckpt.Safety(self.ckpt_dir, self.log, self.fault)  # background safety checkpoints
 
     def log(self, msg: str) -> None:
         print(f"[runtime dev{self.device} ev{self.epoch}] {msg}", file=sys.stderr, flush=True)
@@ -177,15 +178,15 @@ class Job:
     # -- consistent cuts and safety checkpoints -----------------------------------------------------
     def _boundary(self) -> None:
         """Between two steps: the heartbeat, the registered objects' state (to take back if the next step
-        fails), and a safety checkpoint when one is due."""
+        fails), and a safety checkpoint when one is due (written in the background: runtime_ckpt.Safety)."""
         self.ctl.set_step(self.device, self.step)
         self._snap = self._extras_state()
+        self.safety.poll()
         if self.ckpt_every and self.step and self.step % self.ckpt_every == 0 and self._saved != self.step:
             self._saved = self.step
             with self.guard():
-                path = self._save_checkpoint()
-                if self.layout.rank == 0:
-                    self.log(f"safety checkpoint {path}")
+                self.safety.start(self.step, self.layout.rank, _state_views(self.model, self.optimizer),
+                                  self._my_manifest(), self.layout.dp_tp_mesh, self.extras)
 
     def _vote(self) -> None:
         """The optimizer's pre-step hook: apply this step only if every rank of the world does."""
@@ -229,6 +230,7 @@ class Job:
     def _handle(self, ev: dict) -> bool:
         kind = ev["kind"]
         self.epoch = ev["epoch"] + 1
+        self.safety.settle()  # the world may change: the background checkpoint finishes (or is dropped) first
         try:
             if kind == "stop":
                 return False
@@ -501,6 +503,7 @@ class Job:
     def _leave(self) -> None:
         import torch.distributed as dist
 
+        self.safety.settle()
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
