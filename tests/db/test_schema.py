@@ -17,6 +17,21 @@ def _columns(path: Path) -> dict[str, set[str]]:
     return {t: {c["name"] for c in insp.get_columns(t)} for t in insp.get_table_names()}
 
 
+def _upgraded(old: Path, found: int) -> Store:
+    """Open the database at schema `found`, which upgrades it: it says it found `found` and is current now."""
+    store = Store(f"sqlite:///{old}")
+    assert (store.schema_found, store.schema_version) == (found, CURRENT_VERSION) and CURRENT_VERSION > found
+    return store
+
+
+def _same_columns_as_fresh(store: Store, old: Path, tmp_path: Path) -> None:
+    """Close the upgraded `store`; its file has the columns a database created fresh has."""
+    store.close()
+    fresh = tmp_path / "fresh.db"
+    Store(f"sqlite:///{fresh}").close()
+    assert _columns(old) == _columns(fresh)
+
+
 def test_fresh_database_has_every_table_and_current_version(store: Store, db_path: Path) -> None:
     cols = _columns(db_path)
     assert set(Base.metadata.tables) <= set(cols)
@@ -42,17 +57,12 @@ def test_upgrade_from_v1_keeps_data_and_matches_fresh_schema(tmp_path: Path) -> 
     con.close()
     assert "sla_tier" not in _columns(old)["jobs"]
 
-    store = Store(f"sqlite:///{old}")
-    assert (store.schema_found, store.schema_version) == (1, CURRENT_VERSION)
+    store = _upgraded(old, 1)
     job = store.find_job("legacy")
     assert job is not None and job.sla_tier == "standard" and job.layout == "pp2tp1dp1"
     rid = store.add_request(job.id, "suspend", {}, "ops")  # v2 table works
     assert store.get_request(rid) is not None
-    store.close()
-
-    fresh = tmp_path / "fresh.db"
-    Store(f"sqlite:///{fresh}").close()
-    assert _columns(old) == _columns(fresh)
+    _same_columns_as_fresh(store, old, tmp_path)
     Store(f"sqlite:///{old}").close()  # opening again is a no-op
 
 
@@ -126,8 +136,7 @@ def test_upgrade_from_v2_adds_checkpoint_and_lost_step_columns(tmp_path: Path) -
     con.close()
     assert "checkpoint_path" not in _columns(old)["jobs"] and "steps_lost" not in _columns(old)["migrations"]
 
-    store = Store(f"sqlite:///{old}")
-    assert (store.schema_found, store.schema_version) == (2, CURRENT_VERSION) and CURRENT_VERSION >= 3
+    store = _upgraded(old, 2)
     job = store.find_job("j2")
     assert job.checkpoint_path is None and job.checkpoint_step is None
     store.set_checkpoint(job.id, "/ck/step-6", 6, state="suspended")
@@ -138,10 +147,7 @@ def test_upgrade_from_v2_adds_checkpoint_and_lost_step_columns(tmp_path: Path) -
                            "2 steps lost", at_step=6, steps_lost=2)
     m = store.get_migration(mid)
     assert (m.at_step, m.steps_lost) == (6, 2)
-    store.close()
-    fresh = tmp_path / "fresh.db"
-    Store(f"sqlite:///{fresh}").close()
-    assert _columns(old) == _columns(fresh)
+    _same_columns_as_fresh(store, old, tmp_path)
 
 
 def _database_at(tmp_path: Path, version: int) -> Path:
@@ -162,8 +168,7 @@ def _database_at(tmp_path: Path, version: int) -> Path:
 def test_upgrade_from_v3_adds_a_nullable_pause(tmp_path: Path) -> None:
     old = _database_at(tmp_path, 3)
     assert "pause_s" not in _columns(old)["migrations"]
-    store = Store(f"sqlite:///{old}")
-    assert (store.schema_found, store.schema_version) == (3, CURRENT_VERSION) and CURRENT_VERSION >= 4
+    store = _upgraded(old, 3)
     job = store.create_job("j", "pp2tp1dp1", 1, 2)
     mid = store.start_migration(job, "pp2tp1dp1", "pp1tp1dp1", "resize", {}, {})
     assert store.get_migration(mid).pause_s is None
@@ -171,10 +176,7 @@ def test_upgrade_from_v3_adds_a_nullable_pause(tmp_path: Path) -> None:
     assert store.get_migration(mid).pause_s == 0.75
     with pytest.raises(ValueError, match="non-negative"):
         store.set_pause(mid, -1.0)
-    store.close()
-    fresh = tmp_path / "fresh.db"
-    Store(f"sqlite:///{fresh}").close()
-    assert _columns(old) == _columns(fresh)
+    _same_columns_as_fresh(store, old, tmp_path)
 
 
 def test_upgrade_from_v4_adds_session_version_audit_address_and_min_nodes(tmp_path: Path) -> None:
@@ -185,16 +187,12 @@ def test_upgrade_from_v4_adds_session_version_audit_address_and_min_nodes(tmp_pa
     con.close()
     assert "session_version" not in _columns(old)["users"] and "address" not in _columns(old)["audit_log"]
 
-    store = Store(f"sqlite:///{old}")
-    assert (store.schema_found, store.schema_version) == (4, CURRENT_VERSION) and CURRENT_VERSION >= 5
+    store = _upgraded(old, 4)
     user = store.get_user("u")
     assert user is not None and user.session_version == 0
     jid = store.create_job("j", "pp1tp1dp2", 1, 2, min_nodes=2)
     assert store.get_job(jid).min_nodes == 2
-    store.close()
-    fresh = tmp_path / "fresh.db"
-    Store(f"sqlite:///{fresh}").close()
-    assert _columns(old) == _columns(fresh)
+    _same_columns_as_fresh(store, old, tmp_path)
     indexes = {i["name"] for i in inspect(create_engine(f"sqlite:///{old}")).get_indexes("jobs")}
     assert "ix_jobs_state" in indexes
 
@@ -202,16 +200,12 @@ def test_upgrade_from_v4_adds_session_version_audit_address_and_min_nodes(tmp_pa
 def test_upgrade_from_v6_adds_launch_spec_steps_and_cluster_samples(tmp_path: Path) -> None:
     old = _database_at(tmp_path, 6)
     assert "launch_spec" not in _columns(old)["jobs"] and "job_steps" not in _columns(old)
-    store = Store(f"sqlite:///{old}")
-    assert (store.schema_found, store.schema_version) == (6, CURRENT_VERSION) and CURRENT_VERSION >= 7
+    store = _upgraded(old, 6)
     job = store.create_job("j", "pp2tp1dp1", 1, 2)
     assert store.launch_spec(job) is None
     store.record_step(job, 1, 2.5, "pp2tp1dp1")
     assert [(s.step, s.loss) for s in store.steps(job)] == [(1, 2.5)]
-    store.close()
-    fresh = tmp_path / "fresh.db"
-    Store(f"sqlite:///{fresh}").close()
-    assert _columns(old) == _columns(fresh)
+    _same_columns_as_fresh(store, old, tmp_path)
 
 
 def _with_legacy_job(path: Path, gpus_per_node: int, max_devices: int) -> sqlite3.Connection:
@@ -236,24 +230,19 @@ def test_upgrade_from_v7_adds_components_and_node_sizes(tmp_path: Path) -> None:
                     " VALUES (1, ?, 'n1', ?, 0, ?, 0)", [(0, 0, 0), (1, 1, 1)])
     con.commit()
     con.close()
-    store = Store(f"sqlite:///{old}")
-    assert (store.schema_found, store.schema_version) == (7, CURRENT_VERSION) and CURRENT_VERSION >= 8
+    store = _upgraded(old, 7)
     assert [e.component for e in store.current_rank_map(1).entries] == [0, 0]  # type: ignore[union-attr]
     assert [(n.gpus, n.component) for n in store.list_nodes(1)] == [(2, 0)]
     store.set_node_state(1, "b1", "idle", gpus=4, component=1)
     assert [(n.name, n.gpus, n.component) for n in store.list_nodes(1)] == [("n1", 2, 0), ("b1", 4, 1)]
-    store.close()
-    fresh = tmp_path / "fresh.db"
-    Store(f"sqlite:///{fresh}").close()
-    assert _columns(old) == _columns(fresh)
+    _same_columns_as_fresh(store, old, tmp_path)
 
 
 def test_upgrade_from_v8_adds_a_jobs_max_nodes(tmp_path: Path) -> None:
     old = _database_at(tmp_path, 8)
     assert "max_nodes" not in _columns(old)["jobs"]
     _with_legacy_job(old, gpus_per_node=4, max_devices=12).close()
-    store = Store(f"sqlite:///{old}")
-    assert (store.schema_found, store.schema_version) == (8, CURRENT_VERSION) and CURRENT_VERSION >= 9
+    store = _upgraded(old, 8)
     from db.requests import most_nodes
 
     assert store.get_job(1).max_nodes is None and most_nodes(store.get_job(1)) == 3  # the old derivation
@@ -261,7 +250,4 @@ def test_upgrade_from_v8_adds_a_jobs_max_nodes(tmp_path: Path) -> None:
     assert most_nodes(store.get_job(1)) == 4
     with pytest.raises(ValueError, match="must be positive"):
         store.update_job(1, max_nodes=0)
-    store.close()
-    fresh = tmp_path / "fresh.db"
-    Store(f"sqlite:///{fresh}").close()
-    assert _columns(old) == _columns(fresh)
+    _same_columns_as_fresh(store, old, tmp_path)

@@ -15,10 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def wait(cond: Callable[[], object], timeout: float, what: str, alive: Callable[[], bool]) -> None:
-    """Poll `cond` until true; fail when `alive()` says the job ended first, or after `timeout` s."""
+    """Poll `cond` until true; fail when `alive()` says the job ended first, or after `timeout` s.
+
+    `alive()` is read BEFORE `cond()`: a job that ends right after doing what we wait for (its last
+    log line, its own end) must not fail the wait because it ended between the two reads."""
     deadline = time.monotonic() + timeout
-    while not cond():
-        assert alive(), f"the job (elastic-launch) ended while waiting for {what}"
+    while True:
+        running = alive()
+        if cond():
+            return
+        assert running, f"the job (elastic-launch) ended while waiting for {what}"
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
 
