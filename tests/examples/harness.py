@@ -75,36 +75,50 @@ def ddp_reference_losses(steps: int, global_batch: int = 8) -> list[float]:
     return out
 
 
-def shrink_and_grow(tmp_path: Path, job: str, layouts: str, small: str, script: str, args: list[str],
-                    gpus_per_node: int = 2) -> list[tuple[int, str, int, float]]:
-    """Run examples/`script` (a live-mode one that logs like mixer_live.py to its --log, here
-    tmp_path/steps.log) with `args` under `elastic-launch --backend local` on 2 nodes with --layouts
-    `layouts`; after 3 steps `elastic resize` to 1 node, after 2 steps on layout `small` back to 2.
-    Returns the log's rows (mixer_rows) once the job ended; fails if elastic-launch exits non-zero."""
+def run_local(tmp_path: Path, launch: list[str], program: list[str],
+              drive: Callable[[Callable[[], bool]], None]) -> str:
+    """Run `elastic-launch --backend local --nnodes 1:2 --db sqlite:///tmp_path/e.db <launch> -- python
+    examples/<program>` (worker logs under tmp_path/logs, this checkout on PYTHONPATH), call
+    `drive(alive)` while it runs, then wait for it to end on its own (killed if anything failed first).
+    Fails when elastic-launch exits non-zero; returns its output."""
     import os
     import subprocess
     import sys
 
-    from launcher.cli import main as elastic
-
-    url, log = f"sqlite:///{tmp_path}/e.db", tmp_path / "steps.log"
-    cmd = [sys.executable, "-m", "launcher.launch", "--backend", "local", "--nnodes", "1:2", "--gpus-per-node",
-           str(gpus_per_node), "--layouts", layouts, "--db", url, "--job-name", job, "--log-dir", str(tmp_path / "logs"),
-           "--poll", "0.1", "--", "python", str(ROOT / "examples" / script), "--log", str(log), *args]
+    cmd = [sys.executable, "-m", "launcher.launch", "--backend", "local", "--nnodes", "1:2", "--db",
+           f"sqlite:///{tmp_path}/e.db", "--log-dir", str(tmp_path / "logs"), "--poll", "0.1", *launch, "--",
+           "python", str(ROOT / "examples" / program[0]), *program[1:]]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    alive = lambda: proc.poll() is None  # noqa: E731
     try:
-        wait(lambda: len(mixer_rows(log)) >= 3, 120, "3 steps on 2 nodes", alive)
-        assert elastic(["resize", job, "--nodes", "1", "--db", url]) == 0
-        wait(lambda: any(r[1] == small for r in mixer_rows(log)), 120, f"a step on {small}", alive)
-        shrunk = next(r[0] for r in mixer_rows(log) if r[1] == small)
-        wait(lambda: mixer_rows(log)[-1][0] >= shrunk + 2, 120, f"two steps on {small}", alive)
-        assert elastic(["resize", job, "--nodes", "2", "--db", url]) == 0
+        drive(lambda: proc.poll() is None)
         out, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, out
+    return out
+
+
+def shrink_and_grow(tmp_path: Path, job: str, layouts: str, small: str, script: str, args: list[str],
+                    gpus_per_node: int = 2) -> list[tuple[int, str, int, float]]:
+    """Run examples/`script` (a live-mode one that logs like mixer_live.py to its --log, here
+    tmp_path/steps.log) with `args` under `elastic-launch --backend local` on 2 nodes with --layouts
+    `layouts`; after 3 steps `elastic resize` to 1 node, after 2 steps on layout `small` back to 2.
+    Returns the log's rows (mixer_rows) once the job ended; fails if elastic-launch exits non-zero."""
+    from launcher.cli import main as elastic
+
+    url, log = f"sqlite:///{tmp_path}/e.db", tmp_path / "steps.log"
+
+    def drive(alive: Callable[[], bool]) -> None:
+        wait(lambda: len(mixer_rows(log)) >= 3, 120, "3 steps on 2 nodes", alive)
+        assert elastic(["resize", job, "--nodes", "1", "--db", url]) == 0
+        wait(lambda: any(r[1] == small for r in mixer_rows(log)), 120, f"a step on {small}", alive)
+        shrunk = next(r[0] for r in mixer_rows(log) if r[1] == small)
+        wait(lambda: mixer_rows(log)[-1][0] >= shrunk + 2, 120, f"two steps on {small}", alive)
+        assert elastic(["resize", job, "--nodes", "2", "--db", url]) == 0
+
+    run_local(tmp_path, ["--gpus-per-node", str(gpus_per_node), "--layouts", layouts, "--job-name", job],
+              [script, "--log", str(log), *args], drive)
     return mixer_rows(log)

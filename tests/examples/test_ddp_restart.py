@@ -4,53 +4,30 @@ resuming from its own DCP checkpoint each time. The oracle is the script's own s
 from the last checkpoint (at most --ckpt-every - 1 steps redone, none skipped)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from db import Store
 from launcher.cli import main as elastic
-from tests.examples.harness import ROOT, ddp_rows as _log, wait
-
-LAUNCH = [sys.executable, "-m", "launcher.launch"]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def _wait(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
-    wait(cond, timeout, what, lambda: proc.poll() is None)
-
-
-def _launch(tmp_path: Path, url: str, steps: int, sleep: float) -> subprocess.Popen:
-    cmd = [*LAUNCH, "--backend", "local", "--nnodes", "1:2", "--gpus-per-node", "1", "--db", url,
-           "--job-name", "ddp", "--term-timeout", "20", "--log-dir", str(tmp_path / "logs"), "--poll", "0.1",
-           "--", "python", str(ROOT / "examples" / "ddp_restart.py"), "--steps", str(steps), "--ckpt-every", "2",
-           "--ckpt-dir", str(tmp_path / "ckpt"), "--log", str(tmp_path / "steps.log"), "--step-sleep", str(sleep)]
-    return subprocess.Popen(cmd, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+from tests.examples.harness import ddp_rows as _log, run_local, wait
 
 
 def test_ddp_script_restarts_on_shrink_and_grow_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/e.db"
     log = tmp_path / "steps.log"
-    proc = _launch(tmp_path, url, steps=16, sleep=0.3)
-    try:
-        _wait(lambda: Store(url).find_job("ddp") is not None, 30, "the job to be registered", proc)
+
+    def drive(alive) -> None:
+        wait(lambda: Store(url).find_job("ddp") is not None, 30, "the job to be registered", alive)
         job = Store(url).find_job("ddp")
         assert (job.mode, job.state, job.layout) == ("restart", "running", "pp1tp1dp2")  # listed at once
-        _wait(lambda: len(_log(log)) >= 3, 120, "3 steps on 2 workers", proc)
+        wait(lambda: len(_log(log)) >= 3, 120, "3 steps on 2 workers", alive)
         assert elastic(["resize", "ddp", "--nodes", "1", "--db", url]) == 0
-        _wait(lambda: any(r[3] == 1 for r in _log(log)), 120, "a step after the shrink", proc)
-        _wait(lambda: _log(log)[-1][0] >= 9, 120, "step 9 on one worker", proc)
+        wait(lambda: any(r[3] == 1 for r in _log(log)), 120, "a step after the shrink", alive)
+        wait(lambda: _log(log)[-1][0] >= 9, 120, "step 9 on one worker", alive)
         assert elastic(["resize", "ddp", "--nodes", "2", "--db", url]) == 0
-        out, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out
+
+    run_local(tmp_path, ["--gpus-per-node", "1", "--job-name", "ddp", "--term-timeout", "20"],
+              ["ddp_restart.py", "--steps", "16", "--ckpt-every", "2", "--ckpt-dir", str(tmp_path / "ckpt"),
+               "--log", str(log), "--step-sleep", "0.3"], drive)
     rows = _log(log)
     assert sorted({(r[3], r[2]) for r in rows}) == [(0, 2), (1, 1), (2, 2)], rows  # worlds: 2, then 1, then 2
     for before, after in zip(rows, rows[1:]):

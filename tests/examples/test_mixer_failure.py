@@ -22,22 +22,15 @@ import signal
 import time
 from pathlib import Path
 
-import torch
 
 from db import Store
 from launcher.backends.local import LocalNodes
 from launcher.loop import Launcher
 from launcher.options import Options
 from migrate.layout import ParallelConfig
+from tests.examples.harness import ROOT, assert_state_carried, mixer_rows
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 14
-
-
-def _log(path: Path) -> list[tuple[int, float, str, int]]:
-    if not path.exists():
-        return []
-    return [(int(s), float(v), lay, int(n)) for s, v, lay, n in (ln.split() for ln in path.read_text().splitlines())]
 
 
 def _launcher(tmp_path: Path, nodes: int, checkpoint_every: int = 0, **options) -> Launcher:
@@ -74,28 +67,20 @@ def _kill(devices: list[int]):
 def _run(tmp_path: Path, kill: list[int], at_step: int, checkpoint_every: int = 0):
     la = _launcher(tmp_path, 2, checkpoint_every)
     rc = _drive(la, at_step, _kill(kill))
-    return rc, la, la.db, _log(tmp_path / "steps.log"), tmp_path / "dump"
-
-
-def _same_state_across_steps(dump: Path, last: int) -> None:
-    for s in range(1, last):
-        after, before = torch.load(dump / f"after-{s}.pt"), torch.load(dump / f"before-{s + 1}.pt")
-        assert after.keys() == before.keys() and len(after) > 10
-        for k in after:
-            assert torch.equal(after[k], before[k]), (s, k)
+    return rc, la, la.db, mixer_rows(tmp_path / "steps.log"), tmp_path / "dump"
 
 
 def test_a_dead_worker_is_recovered_from_the_replicas_bit_exact(tmp_path: Path) -> None:
     rc, la, store, rows, dump = _run(tmp_path, kill=[3], at_step=4)
     assert rc == 0, [o.message for o in la.outcomes]
     assert [r[0] for r in rows] == list(range(1, STEPS + 1)), rows  # every step once
-    assert [r[3] for r in rows] == [8 * s for s in range(1, STEPS + 1)]  # the data position travelled
-    _same_state_across_steps(dump, STEPS)
+    assert [r[2] for r in rows] == [8 * s for s in range(1, STEPS + 1)]  # the data position travelled
+    assert_state_carried(dump, STEPS)
     job = store.find_job("mixer")
     migs = store.recent_migrations(job.id, limit=10)
     assert [(m.trigger, m.status, m.from_layout, m.to_layout) for m in migs] == [
         ("failure", "succeeded", "pp1tp2dp2", "pp1tp2dp1")], [(m.trigger, m.status, m.error) for m in migs]
-    layouts = [r[2] for r in rows]
+    layouts = [r[1] for r in rows]
     cut = layouts.index("pp1tp2dp1")
     assert set(layouts[:cut]) == {"pp1tp2dp2"} and set(layouts[cut:]) == {"pp1tp2dp1"}
     assert migs[0].at_step == cut  # the survivors held the last committed step; the next one ran on tp2dp1
@@ -112,12 +97,12 @@ def test_lost_tp_shard_restarts_from_the_safety_checkpoint(tmp_path: Path) -> No
     restored = migs[0].at_step
     assert restored >= 4 and restored % 2 == 0 and "restored from checkpoint" in migs[0].error
     first, again = {}, {}
-    for s, loss, _lay, n in rows:  # steps after the checkpoint ran twice: the same losses, bit for bit
+    for s, _lay, n, loss in rows:  # steps after the checkpoint ran twice: the same losses, bit for bit
         (again if s in first and s > restored else first)[s] = (loss, n)
     assert sorted(first) == list(range(1, STEPS + 1)), rows
     assert again and all(again[s] == first[s] for s in again), (again, first)
     assert min(again) == restored + 1 and migs[0].steps_lost == len(again)
-    _same_state_across_steps(dump, STEPS)
+    assert_state_carried(dump, STEPS)
     assert job.state == "finished"
 
 
@@ -135,12 +120,12 @@ def test_suspend_by_usr1_and_by_request_then_resume_on_another_layout(tmp_path: 
     second = job.checkpoint_step
     la = _launcher(tmp_path, 2, resume=True)
     assert _drive(la, STEPS + 1, lambda la: None) == 0, [o.message for o in la.outcomes]
-    rows = _log(tmp_path / "steps.log")
+    rows = mixer_rows(tmp_path / "steps.log")
     assert [r[0] for r in rows] == list(range(1, STEPS + 1)), rows  # every step once across both suspends
-    assert [r[3] for r in rows] == [8 * s for s in range(1, STEPS + 1)]
-    assert [r[2] for r in rows] == ["pp1tp2dp2"] * first + ["pp1tp2dp1"] * (second - first) + \
+    assert [r[2] for r in rows] == [8 * s for s in range(1, STEPS + 1)]
+    assert [r[1] for r in rows] == ["pp1tp2dp2"] * first + ["pp1tp2dp1"] * (second - first) + \
         ["pp1tp2dp2"] * (STEPS - second)
-    _same_state_across_steps(tmp_path / "dump", STEPS)
+    assert_state_carried(tmp_path / "dump", STEPS)
     job = la.db.find_job("mixer")
     assert job.state == "finished" and [r.status for r in la.db.list_requests(job.id)] == ["done"]
 
@@ -158,10 +143,10 @@ def test_a_worker_dying_inside_a_migration_keeps_the_old_layout_then_recovers(tm
         [(m.trigger, m.status, m.error) for m in migs]
     assert "old layout kept" in migs[0].error and la.db.list_requests(job.id)[0].status == "failed"
     assert la.current.devices == (2, 3)  # node0 lost TP rank 1: the replica on node1 trains on
-    rows = _log(tmp_path / "steps.log")
+    rows = mixer_rows(tmp_path / "steps.log")
     assert [r[0] for r in rows] == list(range(1, STEPS + 1)), rows
-    assert [r[3] for r in rows] == [8 * s for s in range(1, STEPS + 1)]
-    layouts = [r[2] for r in rows]
+    assert [r[2] for r in rows] == [8 * s for s in range(1, STEPS + 1)]
+    layouts = [r[1] for r in rows]
     cut = layouts.index("pp1tp2dp1")  # nothing trained on a half-migrated layout
     assert set(layouts[:cut]) == {"pp1tp2dp2"} and set(layouts[cut:]) == {"pp1tp2dp1"} and migs[1].at_step == cut
-    _same_state_across_steps(tmp_path / "dump", STEPS)
+    assert_state_carried(tmp_path / "dump", STEPS)
