@@ -46,9 +46,24 @@ def check_curve(rows, upto: int) -> None:
         assert abs(v - r) <= 1e-5 * abs(r), f"step {s} on {lay}: loss {v!r} vs uninterrupted {r!r}"
 
 
-def run_job(tmp_path, monkeypatch, *, nodes, gpn, layouts, fault=None, script=(), stop_at=10, max_s=150, options=None):
-    """Run a local job until the layout's workers report `stop_at` steps; `script` is
-    [(step, fn(launcher))] run once when that step is reached."""
+def recovered(la: Launcher, after: int = 3) -> bool:
+    """The failure recovery (a `failure` outcome) is done and its layout trained `after` steps past it."""
+    done = [o for o in la.outcomes if o.trigger == "failure" and o.ok]
+    return bool(done) and done[0].at_step is not None and la.max_step() >= done[0].at_step + after
+
+
+def _stuck(la: Launcher, log_dir) -> str:
+    """What a job that did not get there did: its outcomes and the end of every worker's log."""
+    logs = {f.name: f.read_text().splitlines()[-3:] for f in sorted(log_dir.glob("*.log"))} if log_dir.exists() else {}
+    return f"stuck at step {la.max_step()}; outcomes {[(o.trigger, o.ok, o.message) for o in la.outcomes]}; logs {logs}"
+
+
+def run_job(tmp_path, monkeypatch, *, nodes, gpn, layouts, fault=None, script=(), stop_at=10, max_s=150, options=None,
+            until_event=None):
+    """Run a local job until the layout's workers report `stop_at` steps and `until_event(launcher)` (if
+    given) is true; `script` is [(step, fn(launcher))] run once when that step is reached. Waiting on the
+    event, not on a step count alone: a recovery that comes late under load must not be overtaken by
+    the step count (the job would stop before it, and the test would fail for want of it)."""
     if fault:
         monkeypatch.setenv("ELASTIC_FAULT", fault)
     url = f"sqlite:///{tmp_path}/e.db"
@@ -61,11 +76,11 @@ def run_job(tmp_path, monkeypatch, *, nodes, gpn, layouts, fault=None, script=()
     t0 = time.monotonic()
 
     def until(la: Launcher) -> bool:
-        assert time.monotonic() - t0 < max_s, f"stuck; outcomes {la.outcomes}"
+        assert time.monotonic() - t0 < max_s, _stuck(la, tmp_path / "logs")
         step = la.max_step()
         if todo and step >= todo[0][0]:
             todo.pop(0)[1](la)
-        return step >= stop_at and not todo
+        return step >= stop_at and not todo and (until_event is None or until_event(la))
 
     rc = la.run(until=until)
     return rc, la, store, loss_file, time.monotonic() - t0
@@ -102,7 +117,8 @@ def test_worker_killed_mid_migration_keeps_the_old_layout_then_recovers(tmp_path
     # pp2dp2 on 4 nodes shrinks to pp1dp2 on 2; a participant dies in the first transfer round
     # (a kept device) or after its transfer, before the commit vote (a leaving device)
     rc, la, store, loss_file, _took = run_job(tmp_path, monkeypatch, nodes=4, gpn=1, layouts="pp2dp2,pp1dp2,pp1",
-                                              fault=fault, script=[(3, shrink_to_two)], stop_at=12)
+                                              fault=fault, script=[(3, shrink_to_two)], stop_at=12,
+                                              until_event=recovered)
     assert rc == 0, [o.message for o in la.outcomes]
     job = store.find_job("t")
     migs = sorted(store.recent_migrations(job.id, limit=10), key=lambda m: m.id)
@@ -121,7 +137,8 @@ def test_worker_killed_mid_migration_keeps_the_old_layout_then_recovers(tmp_path
 
 def test_worker_killed_right_after_a_migration_commits_keeps_the_new_layout(tmp_path, monkeypatch):
     rc, la, store, loss_file, _took = run_job(tmp_path, monkeypatch, nodes=4, gpn=1, layouts="pp2dp2,pp1dp2,pp1",
-                                              fault="1:committed", script=[(3, shrink_to_two)], stop_at=12)
+                                              fault="1:committed", script=[(3, shrink_to_two)], stop_at=12,
+                                              until_event=recovered)
     assert rc == 0, [o.message for o in la.outcomes]
     job = store.find_job("t")
     migs = sorted(store.recent_migrations(job.id, limit=10), key=lambda m: m.id)
