@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 from dashboard.linechart import LineChart, line_chart
 from db.records import Migration, RankMap, StepRecord
 
-BAND_COLOURS = {"succeeded": "#f59e0b", "failed": "#ef4444", "running": "#a78bfa", "planned": "#cbd5e1"}
+BAND_COLOURS = {"succeeded": "#f59e0b", "failed": "#ef4444", "declined": "#94a3b8", "running": "#a78bfa", "planned": "#cbd5e1"}
 RATE_WINDOW = 5  # steps per rate sample: smooths single slow steps without hiding a migration
 
 

@@ -460,8 +460,9 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         steps_lost: int | None = None,
     ) -> None:
         """Close a migration with its outcome and per-phase seconds (names from db.vocab.PHASES);
-        at_step: the step the new layout went on from; steps_lost: committed steps that must be redone."""
-        check("migration status", status, ("succeeded", "failed"))
+        at_step: the step the new layout went on from; steps_lost: committed steps that must be redone;
+        status declined: the migration was given up with nothing wrong (training ended first), `error` says why."""
+        check("migration status", status, ("succeeded", "failed", "declined"))
         for name, seconds in phases.items():
             check("phase", name, PHASES)
             if seconds < 0:

@@ -21,7 +21,7 @@ from launcher.pause import PendingPauses
 from launcher.runtime_moves import shape
 from launcher.start_request import StartRequest, checkpoint_dir
 from launcher.survival import auto_checkpoint_every, survival
-from launcher.transaction import MigrationFailed, Outcome, Transaction
+from launcher.transaction import MigrationFailed, Outcome, TrainingEnded, Transaction
 
 
 def grow_choice(active: Sequence[str], alloc: Sequence[str], gone: set[str] | frozenset[str],
@@ -200,7 +200,9 @@ class Launcher:
             time.sleep(0.1)
 
     def wait_results(self, e: int, participants: list[int]) -> dict[int, dict]:
-        """Every participant's result of event `e`; vetoes the commit when one dies or time runs out."""
+        """Every participant's result of event `e`; vetoes the commit when one dies or time runs out.
+        TrainingEnded when workers of the running layout exited with 0 instead: they finished their last
+        step before the event could apply (e.g. a grow that took seconds to start its workers)."""
         deadline = time.monotonic() + self.opts.migrate_timeout
         while True:
             res = self.ctl.results(e, participants)
@@ -213,6 +215,9 @@ class Launcher:
             if (dead or late) and self.ctl.veto(f"ev/{e}/commit"):
                 # every participant had voted yes already: the new layout stands
                 return self._results_after_commit(e, participants, dead, deadline)
+            if dead and not any(dead.values()) and set(dead) <= set(self.current.devices):
+                raise TrainingEnded(f"declined: training ended (the workers finished their last step, step "
+                                    f"{self.max_step()}) before the migration could apply")
             if dead:
                 raise MigrationFailed(f"workers {sorted(dead)} exited during the migration (exit codes "
                                       f"{sorted(set(dead.values()))}); old layout kept")

@@ -89,7 +89,7 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
          note: str = ""):
     """Move the job onto the nodes `target` with the next layout (a recovery when `failed` devices died:
     urgent, every piece from a survivor); one recorded Outcome."""
-    from launcher.transaction import MigrationFailed, Outcome, Transaction
+    from launcher.transaction import MigrationFailed, Outcome, TrainingEnded, Transaction
     from migrate.layout import LayoutError
     from migrate.manifest import ManifestError
     from migrate.topology import RankMap
@@ -135,11 +135,13 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
             h = la.handles.pop(n, None)
             if h is not None:
                 h.kill()
-        out.message = f"migration failed: {exc}"
-        la.db.finish_migration(mid, "failed", None, None, None, {}, error=out.message)
+        ended = isinstance(exc, TrainingEnded)  # declined: the old layout's workers have exited
+        out.message = str(exc) if ended else f"migration failed: {exc}"
+        la.db.finish_migration(mid, exc.status, None, None, None, {}, error=out.message)
         la.log(out.message)
         la.outcomes.append(out)
-        la.resume_old(failed)
+        if not ended:
+            la.resume_old(failed)
         return out
     phases = {k: max(r.get("phases", {}).get(k, 0.0) for r in results.values())
               for k in ("build_groups", "execute", "rebuild", "other")}

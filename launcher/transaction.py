@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 class MigrationFailed(RuntimeError):
     """A migration (or start) could not complete; the message says why."""
 
+    status = "failed"  # how the migration is recorded
+
+
+class TrainingEnded(MigrationFailed):
+    """The workers finished their last step (exit code 0) before the migration could apply: nothing is
+    left to move, so the migration is recorded as declined, not failed, and the old layout is not
+    resumed (its workers have exited)."""
+
+    status = "declined"
+
 
 @dataclass
 class Outcome:
@@ -95,8 +105,11 @@ class Transaction:
             results = self._publish_and_wait(p, e, target, leaving, new_nodes, bool(failed))
         except MigrationFailed as exc:
             self._kill(new_nodes)
-            job.db.finish_migration(self.out.migration_id, "failed", p.bytes_moved, p.bytes_checkpoint, None,
+            job.db.finish_migration(self.out.migration_id, exc.status, p.bytes_moved, p.bytes_checkpoint, None,
                                     self.phases, error=str(exc))
+            if isinstance(exc, TrainingEnded):
+                job.log(f"{self.trigger}: {exc}")
+                return self.decline(str(exc))
             return self._roll_back(str(exc), failed)
         for name in ("build_groups", "execute", "rebuild", "other"):
             self.phases[name] = max((r["phases"].get(name, 0.0) for r in results.values()), default=0.0)

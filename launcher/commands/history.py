@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", help="job id or name")
     parser.add_argument("--since", help="only migrations started at/after this ISO date or time")
     parser.add_argument("--until", help="only migrations started at/before this ISO date or time")
-    parser.add_argument("--status", help="planned, running, succeeded or failed")
+    parser.add_argument("--status", help="planned, running, succeeded, failed or declined")
     parser.add_argument("--trigger", help="resize, preempt, signal, failure, dashboard or demo")
     parser.add_argument("--limit", default="50", help="rows to show (1..1000, default 50)")
     parser.add_argument("--offset", default="0", help="rows to skip (default 0)")
