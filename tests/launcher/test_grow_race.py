@@ -46,7 +46,7 @@ def test_a_grow_racing_the_last_step_is_declined_not_failed(tmp_path: Path) -> N
     assert [(m.status, m.from_layout, m.to_layout) for m in migs] == [
         ("succeeded", "pp1tp1dp2", "pp1tp1dp1"), ("declined", "pp1tp1dp1", "pp1tp1dp2")]
     assert "training ended" in migs[1].error and "declined" in migs[1].error
-    reqs = store.list_requests(job.id)
+    reqs = sorted(store.list_requests(job.id), key=lambda r: r.id)
     assert [r.status for r in reqs] == ["done", "failed"] and "training ended" in reqs[1].message
     kinds = [la.ctl.event(e)["kind"] for e in range(la.epoch + 1) if la.ctl.event(e) is not None]
     assert "resume" not in kinds, kinds  # nobody was told to train on: the workers had finished
