@@ -17,6 +17,12 @@ Fragmentation, over usable nodes (not down, drained or reserved):
                  Slurm's node order (consecutive names are what a topology-aware request gets);
   index          stranded / free GPUs: 0 when every free GPU sits on a whole free node, 1 when
                  none does (0 when nothing is free).
+
+"Shrink to MIN" says what Slurm would really hand back: it keeps the nodes the launcher keeps and
+releases them by the launcher's own pure rules (launcher.backends.slurm_holdings: keep_rank,
+plan_release; no torch, no Slurm calls), so a node Slurm refuses to release -- one of a heterogeneous
+job's leader component, or a component's batch host while the component keeps other nodes -- is
+shown as staying allocated (idle), never as freed.
 """
 from __future__ import annotations
 
@@ -25,6 +31,16 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from db.records import Fragmentation, RankEntry
+from launcher.backends.slurm_holdings import (
+    COMPANION,
+    COMPONENT,
+    JOB,
+    LEADER,
+    Holder,
+    holder_of,
+    keep_rank,
+    plan_release,
+)
 
 #: Node flags that make a node unusable for new work, and the mark the page shows for each.
 UNUSABLE_FLAGS = {"DRAIN": "drained", "DRAINED": "drained", "DRAINING": "draining", "RESERVED": "reserved",
@@ -117,9 +133,11 @@ class ShrinkGain:
     name: str
     held: tuple[str, ...]
     min_nodes: int
-    released: tuple[str, ...]
+    released: tuple[str, ...]  # nodes Slurm would take back
     gpus_freed: int
     whole_nodes: tuple[str, ...]  # released nodes that would then be entirely free
+    stays: tuple[str, ...] = ()  # nodes left without ranks that Slurm would not take back (allocated, idle)
+    notes: tuple[str, ...] = ()  # why, per Slurm job or component (the launcher's own notes)
 
 
 @dataclass(frozen=True)
@@ -151,10 +169,13 @@ def fragmentation(nodes: Sequence[NodeView]) -> Fragmentation:
 
 
 def shrink_gains(nodes: Sequence[NodeView], jobs: Sequence[ElasticJob],
-                 companion_nodes: Mapping[int, set[str]] | None = None) -> list[ShrinkGain]:
-    """Per elastic job: the nodes a shrink to MIN keeps (the launcher's order: the pinned batch node,
-    then the job's own nodes before companion jobs' ones, then most ranks, then node order), and
-    what the others free: the job's GPUs there, and which of them end up wholly free."""
+                 holders: Mapping[int, Sequence[Holder]] | None = None) -> list[ShrinkGain]:
+    """Per elastic job: the nodes a shrink to MIN keeps -- the launcher's order over the nodes it runs
+    on: the pinned batch node, then slurm_holdings.keep_rank (a plain job's or a leader component's
+    nodes, then batch hosts of components and companions), then most ranks, then node order -- and
+    what the others free as Slurm allows (slurm_holdings.plan_release over `holders`, the Slurm jobs
+    holding each job's nodes; default: job_holders): the job's GPUs on released nodes, which of them
+    end up wholly free, and the nodes that stay allocated, idle."""
     order = {n.name: i for i, n in enumerate(nodes)}
     by_name = {n.name: n for n in nodes}
     out = []
@@ -162,13 +183,41 @@ def shrink_gains(nodes: Sequence[NodeView], jobs: Sequence[ElasticJob],
         mine = {n.name: [g for g in n.gpus if g.elastic_id == job.id] for n in nodes}
         held = [n for n in sorted(mine, key=lambda x: order[x]) if mine[n]]
         ranks = {n: sum(1 for g in cells if g.kind == "elastic") for n, cells in mine.items()}
-        comp = (companion_nodes or {}).get(job.id, set())
-        keep = sorted(held, key=lambda n: (n != job.pinned_node, n in comp, -ranks[n], order[n]))[:max(job.min_nodes, 1)]
-        released = tuple(n for n in held if n not in keep)
+        hs = list((holders or {}).get(job.id) or job_holders(job, held))
+        running = [n for n in held if ranks[n] or n == job.pinned_node]  # idle held nodes are not kept
+        keep = sorted(running, key=lambda n: (n != job.pinned_node, keep_rank(holder_of(hs, n), n), -ranks[n],
+                                              order[n]))[:max(job.min_nodes, 1)]
+        plan = plan_release(hs, keep, frozenset(n for n in held if n not in running))
+        stays = tuple(n for n in held if n not in keep and n in plan.idle)
+        released = tuple(n for n in held if n not in keep and n not in stays)
         whole = tuple(n for n in released if by_name[n].usable and by_name[n].used == len(mine[n]))
         out.append(ShrinkGain(job.id, job.name, tuple(held), job.min_nodes, released,
-                              sum(len(mine[n]) for n in released), whole))
+                              sum(len(mine[n]) for n in released), whole, stays, plan.notes))
     return out
+
+
+def job_holders(job: ElasticJob, held: Sequence[str]) -> list[Holder]:
+    """The Slurm jobs holding `held`, as far as our database knows without Slurm: a heterogeneous job's
+    components (component 0, the leader, has the pinned batch node; another component's batch host is
+    taken to be its first node, where Slurm runs it), else one plain job with the pinned batch node."""
+    if not job.heterogeneous:
+        return [Holder(0, JOB, tuple(held), job.pinned_node)]
+    comps: dict[int, list[str]] = {}
+    for n in held:
+        comps.setdefault(job.component_of(n), []).append(n)
+    return [Holder(c, LEADER if c == 0 else COMPONENT, tuple(ns), job.pinned_node if c == 0 else _natural(ns)[0],
+                   component=c) for c, ns in sorted(comps.items())]
+
+
+def slurm_holder(sj, owner: ElasticJob, nodes: Sequence[str]) -> Holder:
+    """The Holder of Slurm job record `sj` (dashboard.slurm_reader.SlurmJob) that belongs to elastic job
+    `owner`: a component of a heterogeneous job (leader: offset 0), the job itself, or a companion."""
+    if sj.het_job_id:
+        kind = LEADER if sj.het_job_offset == 0 else COMPONENT
+    else:
+        kind = JOB if sj.job_id == owner.slurm_job_id else COMPANION
+    return Holder(int(sj.job_id) if sj.job_id.isdigit() else 0, kind, tuple(nodes), sj.batch_host or None, sj.partition,
+                  sj.het_job_offset if sj.het_job_id else None)
 
 
 # ---------------------------------------------------------------------------------- builders
@@ -211,7 +260,7 @@ def build_from_slurm(snapshot, jobs: Sequence[ElasticJob], partitions: Iterable[
     reserved = snapshot.reserved_nodes
     cells: dict[str, dict[int, GpuCell]] = {}
     labels: dict[str, str] = {}
-    companions: dict[int, set[str]] = {}
+    holders: dict[int, list[Holder]] = {}  # elastic job -> the Slurm jobs holding its nodes
     marks: dict[str, list[tuple[str, int]]] = {}
     for sj in snapshot.jobs:
         owner = elastic_owner(sj.job_id, sj.name, jobs, sj.het_job_id)
@@ -221,8 +270,8 @@ def build_from_slurm(snapshot, jobs: Sequence[ElasticJob], partitions: Iterable[
                 marks.setdefault(node, []).append((owner.name if owner else f"job {sj.het_job_id}", sj.het_job_offset))
         nodes = {**{n: idx for n, idx in sj.gpus.items()},
                  **{n: tuple(range(c)) for n, c in sj.gpus_unknown.items() if n not in sj.gpus}}
-        if owner is not None and owner.slurm_job_id != sj.job_id:
-            companions.setdefault(owner.id, set()).update(nodes)
+        if owner is not None:
+            holders.setdefault(owner.id, []).append(slurm_holder(sj, owner, list(nodes)))
         for node, idx in nodes.items():
             ranks = {e.gpu: e for e in owner.entries if e.node == node} if owner else {}
             for k, gpu in enumerate(idx):
@@ -243,7 +292,7 @@ def build_from_slurm(snapshot, jobs: Sequence[ElasticJob], partitions: Iterable[
         views.append(NodeView(n.name, n.state, node_marks(n.state, n.flags, n.name in reserved), gpus,
                               n.partitions, n.reason, tuple(marks.get(n.name, ()))))
     elastic_here = [j for j in jobs if any(g.elastic_id == j.id for v in views for g in v.gpus)]
-    return ClusterView("slurm", tuple(views), fragmentation(views), tuple(shrink_gains(views, elastic_here, companions)),
+    return ClusterView("slurm", tuple(views), fragmentation(views), tuple(shrink_gains(views, elastic_here, holders)),
                        labels)
 
 

@@ -36,7 +36,17 @@ from launcher.backends.slurm_client import (
     build_srun_command,
     parse_task_end,
 )
-from launcher.backends.slurm_holdings import COMPANION, COMPONENT, JOB, LEADER, Holder, companion_shape, plan_release
+from launcher.backends.slurm_holdings import (
+    COMPANION,
+    COMPONENT,
+    JOB,
+    LEADER,
+    Holder,
+    companion_shape,
+    holder_of,
+    keep_rank,
+    plan_release,
+)
 
 # Slurm states of a job that will never run (again)
 ENDED_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -88,7 +98,7 @@ class SlurmNodes:
 
     # -- what the job holds -----------------------------------------------------------------------
     def holder(self, node: str) -> Holder | None:
-        return next((h for h in self.holders.values() if node in h.nodes), None)
+        return holder_of(list(self.holders.values()), node)
 
     def holds(self, node: str) -> bool:
         return self.holder(node) is not None
@@ -196,13 +206,8 @@ class SlurmNodes:
         handle.signal(sig)
 
     def keep_rank(self, node: str) -> int:
-        """Nodes that cannot be given back first (the job's own, a heterogeneous job's leader
-        component), then the batch hosts of the other components and companions (they go only with the
-        whole job), then the rest."""
-        h = self.holder(node)
-        if h is None or h.kind in (JOB, LEADER):
-            return 0
-        return 1 if node == h.batch_host else 2
+        """Nodes that cannot be given back first (slurm_holdings.keep_rank)."""
+        return keep_rank(self.holder(node), node)
 
     def release(self, keep: Sequence[str]) -> list[str]:
         """Give back every node not in `keep` as far as Slurm allows (slurm_holdings.plan_release): shrink

@@ -52,6 +52,22 @@ class Holder:
         return f"Slurm job {self.job_id}"
 
 
+def holder_of(holders: Sequence[Holder], node: str) -> Holder | None:
+    """The holder whose nodes include `node`, else None."""
+    return next((h for h in holders if node in h.nodes), None)
+
+
+def keep_rank(holder: Holder | None, node: str) -> int:
+    """Order in which a shrink keeps nodes (lower first), so that it keeps what Slurm could not give back
+    anyway: the nodes of a plain job or of a heterogeneous job's leader component (and nodes of no known
+    holder) first, then the batch hosts of other components and companions (they go only with their
+    whole job), then the rest. The launcher (SlurmNodes.keep_rank) and the dashboard's "shrink to MIN"
+    panel both order by it."""
+    if holder is None or holder.kind in (JOB, LEADER):
+        return 0
+    return 1 if node == holder.batch_host else 2
+
+
 @dataclass(frozen=True)
 class ReleasePlan:
     """What giving back the nodes outside `keep` runs: `shrink` (job id, nodes it keeps) with

@@ -185,4 +185,9 @@ def test_uneven_nodes_drawn_to_their_width_with_component_marks(page: Any, serve
         assert abs(drawn["a1"]["extent"] / drawn["b1"]["extent"] - 2) < 0.05, url
         assert drawn["a1"]["bar"][2] == drawn["a2"]["bar"][2] != drawn["b1"]["bar"][2] == drawn["b2"]["bar"][2]
         _shot(page, "hetjob-" + url.rsplit("/", 1)[-1] + ".png", tmp_path)
+    # /cluster's "shrink to MIN" (MIN 1): Slurm cannot resize the leader component (a1, a2), so a2 stays
+    # allocated, idle, and only component 1's b1, b2 and their 2 + 2 GPUs are offered as freed
+    row = page.locator(f'#shrink-gains tr[data-elastic-job="{job}"]')
+    assert [row.locator(f"td.{c}").inner_text() for c in ("released", "gpus-freed")] == ["b1, b2", "4"]
+    assert row.locator("td.stays").inner_text().startswith("a2")
     assert violations == []

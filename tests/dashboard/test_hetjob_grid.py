@@ -7,12 +7,14 @@ given to the store, never read back from the code under test.
 """
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 from dashboard.cluster import ElasticJob, build_from_slurm
 from dashboard.slurm_reader import SlurmNode, SlurmSnapshot, parse_squeue
+from db.records import RankEntry
 from tests.db.seed import HET_NODES, seed_hetjob, uneven_entries
 
 GOLDEN = Path(__file__).resolve().parents[1] / "launcher" / "golden"
@@ -129,3 +131,47 @@ def test_preempt_dry_run_counts_each_nodes_own_gpus() -> None:
     p = preview_job(job, spec, {"b2"}, lambda job, leaving: None)
     assert (p.refused, p.keep, p.to_layout, p.nodes_released) == ("", ("a1", "a2", "b1"), "pp1tp2dp5", ("b2",))
     assert p.bytes_moved and p.bytes_moved > 0
+
+
+def _het_view(records, ranks: dict[str, int], pinned: str, min_nodes: int):
+    """/cluster's view of one elastic job whose Slurm records are `records` ((job id, offset, batch host,
+    {node: GPUs})), with ranks[node] ranks on each node's first GPUs."""
+    from dashboard.slurm_reader import SlurmJob
+
+    sizes = {n: g for _, _, _, nodes in records for n, g in nodes.items()}
+    comp = {n: off for _, off, _, nodes in records for n in nodes}
+    snap = SlurmSnapshot(tuple(SlurmNode(n, ("debug",), g, "mixed", (), "") for n, g in sorted(sizes.items())),
+                         tuple(SlurmJob(jid, "het-exp", "u", "RUNNING", "debug", {n: tuple(range(g)) for n, g in nodes.items()},
+                                        {}, batch, records[0][0], off) for jid, off, batch, nodes in records), ())
+    slots = [(n, g) for n in sorted(ranks) for g in range(ranks[n])]
+    entries = tuple(RankEntry(r, n, g, 0, r, 0, comp[n]) for r, (n, g) in enumerate(slots))
+    job = ElasticJob(1, "het-exp", records[0][0], f"pp1tp1dp{len(slots)}", 4, pinned, min_nodes, entries,
+                     tuple(sorted(sizes)), sizes, comp)
+    (gain,) = build_from_slurm(snap, [job]).shrink
+    return gain
+
+
+def test_shrink_to_min_shows_only_what_slurm_releases_from_a_heterogeneous_job() -> None:
+    """The "shrink to MIN" panel against Slurm 22.05's rules as measured on the testbed (README,
+    "Heterogeneous jobs"): the leader component cannot be resized at all, a non-leader component goes
+    whole (scancel) or shrinks (scontrol update) but never loses its batch host. Expected values are
+    worked out by hand from those rules."""
+    # the README's script: leader n3, n4 (2 GPUs each, batch host n3), component 1 on n1 (4 GPUs); MIN 1
+    gain = _het_view([("30", 0, "n3", {"n3": 2, "n4": 2}), ("31", 1, "n1", {"n1": 4})],
+                     {"n1": 4, "n3": 2, "n4": 2}, "n3", 1)
+    assert (gain.released, gain.gpus_freed, gain.whole_nodes, gain.stays) == (("n1",), 4, ("n1",), ("n4",))
+    assert any("leader component" in note and "n4" in note for note in gain.notes), gain.notes
+    # leader n1; component 1 on n3 (its batch host, 1 rank) and n4 (2 ranks); MIN 2: n3 is kept, n4 released
+    gain = _het_view([("19", 0, "n1", {"n1": 4}), ("20", 1, "n3", {"n3": 2, "n4": 2})],
+                     {"n1": 4, "n3": 1, "n4": 2}, "n1", 2)
+    assert (gain.released, gain.gpus_freed, gain.stays) == (("n4",), 2, ())
+
+
+def test_shrink_to_min_on_the_local_view_keeps_the_leader_component(admin, store) -> None:
+    """Without Slurm (the database's components alone): the seeded job's leader component a1, a2 and
+    component 1 b1, b2, MIN 1: a2 stays allocated (the leader cannot be resized), b1 and b2 go."""
+    job = seed_hetjob(store)
+    html = admin.get("/cluster").text
+    row = html.split(f'<tr data-elastic-job="{job}">', 1)[1].split("</tr>", 1)[0]
+    cells = dict(re.findall(r'<td class="(released|gpus-freed|stays)">([^<]*)', row))
+    assert cells == {"released": "b1, b2", "gpus-freed": "4", "stays": "a2"}, row
