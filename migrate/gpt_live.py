@@ -9,9 +9,12 @@ shard rules (the same as DTensor's Shard(d) chunks when a TP size divides the sh
 which ModelSpec.check_config requires). `build_stage` builds that rank's stage for a runtime layout,
 its weights cut from the seeded full tensors (migrate.state), so every layout starts from one model.
 
-What `python -m launcher.worker` needs on top (issue 9, not done): the runtime accepting a manifest
-producer for models that shard themselves, checkpoints of plain-tensor shards, pipeline stages
-through the runtime, and the worker's loop on `runtime.join` / `job.next_step()`.
+`train_step` runs the reference trainer's step (migrate.train.stage_step: its GPipe schedule over the
+layout's neighbouring stages, TP inside the stage, the DP gradient sum) on the runtime's layout and
+applies it with the job's optimizer, so every layout computes what one process computes.
+
+What `python -m launcher.worker` needs on top (issue 9, not done): its loop on `runtime.join` /
+`job.next_step()` with this builder, manifest and step, and the launcher running it as a live-mode job.
 """
 from __future__ import annotations
 
@@ -55,3 +58,17 @@ def build_stage(model: ModelSpec, layout, seed: int = 0):
     if torch.empty(0).device.type != "meta":
         stage.load(initial_state(model, cfg, layout.rank, seed).tensors["param"])
     return stage
+
+
+def train_step(job, model: ModelSpec, tc) -> float | None:
+    """One step of the reference trainer through the runtime (call inside `job.guard()`, after
+    `job.next_step()`): the data of step `job.step`, forward and backward over the pipeline, gradients
+    summed over the DP replicas, `job.optimizer.step()`. The global mean loss on last-stage ranks, else None."""
+    from migrate.train import stage_step
+
+    lay = job.layout
+    job.optimizer.zero_grad(set_to_none=True)
+    loss = stage_step(job.model, model, tc, job.step - 1, lay.dp_rank, lay.dp, lay.prev_rank, lay.next_rank,
+                      lay.dp_group if lay.dp > 1 else None)
+    job.optimizer.step()
+    return float(loss) if lay.is_last_stage else None

@@ -112,43 +112,58 @@ class Trainer:
 
     def train_step(self) -> float | None:
         """One optimizer step over the global batch; the global mean loss on last-stage ranks, else None."""
-        tc, first, last = self.tc, self.w.first, self.w.last
-        data = batch(self.model, tc, self.step_no)
-        per_replica = tc.global_batch // self.cfg.dp
-        mine = data[self.dp * per_replica:(self.dp + 1) * per_replica]
-        tokens_total = tc.global_batch * tc.seq_len
-        act_shape = (tc.micro_batch, tc.seq_len, self.model.hidden)
-        saved, loss_sum = [], torch.zeros(())
-        for mb in mine.split(tc.micro_batch):
-            if first:
-                inp = mb[:, :-1]
-            else:
-                inp = torch.empty(act_shape)
-                dist.recv(inp, src=self._peer(self.pp - 1))
-                inp.requires_grad_(True)
-            out = self.stage(inp)
-            if last:
-                loss = F.cross_entropy(out.reshape(-1, self.model.vocab), mb[:, 1:].reshape(-1),
-                                       reduction="sum") / tokens_total
-                loss_sum = loss_sum + loss.detach()
-                out = loss
-            else:
-                dist.send(out.detach().contiguous(), dst=self._peer(self.pp + 1))
-            saved.append((inp, out))
-        for inp, out in reversed(saved):
-            if last:
-                out.backward()
-            else:
-                grad = torch.empty(act_shape)
-                dist.recv(grad, src=self._peer(self.pp + 1))
-                out.backward(grad)
-            if not first:
-                dist.send(inp.grad.contiguous(), dst=self._peer(self.pp - 1))
-        if self.groups.dp is not None:
-            for p in self.stage.parameters():
-                dist.all_reduce(p.grad, group=self.groups.dp)
-            dist.all_reduce(loss_sum, group=self.groups.dp)
+        first, last = self.w.first, self.w.last
+        loss_sum = stage_step(self.stage, self.model, self.tc, self.step_no, self.dp, self.cfg.dp,
+                              None if first else self._peer(self.pp - 1), None if last else self._peer(self.pp + 1),
+                              self.groups.dp)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step_no += 1
         return float(loss_sum) if last else None
+
+
+def stage_step(stage: GPTStage, model: ModelSpec, tc: TrainConfig, step: int, dp_rank: int, dp: int,
+               prev: int | None, next_: int | None, dp_group) -> torch.Tensor:
+    """Forward and backward of this rank's part of step `step` (0-based: the data of `batch(step)`): GPipe over
+    the stages (activations from process-group rank `prev`, to `next_`; None on the first / last stage),
+    every micro-batch forward, then backward in reverse. Leaves the gradients in the stage's parameters,
+    summed over the DP replicas (`dp_group`, None when dp == 1): with the loss divided by all the step's
+    tokens that is the gradient of the global mean loss. Returns that loss on last-stage ranks (zeros
+    elsewhere). The reference worker's step on any layout, whoever holds the optimizer."""
+    first, last = prev is None, next_ is None
+    data = batch(model, tc, step)
+    per_replica = tc.global_batch // dp
+    mine = data[dp_rank * per_replica:(dp_rank + 1) * per_replica]
+    tokens_total = tc.global_batch * tc.seq_len
+    act_shape = (tc.micro_batch, tc.seq_len, model.hidden)
+    saved, loss_sum = [], torch.zeros(())
+    for mb in mine.split(tc.micro_batch):
+        if first:
+            inp = mb[:, :-1]
+        else:
+            inp = torch.empty(act_shape)
+            dist.recv(inp, src=prev)
+            inp.requires_grad_(True)
+        out = stage(inp)
+        if last:
+            loss = F.cross_entropy(out.reshape(-1, model.vocab), mb[:, 1:].reshape(-1),
+                                   reduction="sum") / tokens_total
+            loss_sum = loss_sum + loss.detach()
+            out = loss
+        else:
+            dist.send(out.detach().contiguous(), dst=next_)
+        saved.append((inp, out))
+    for inp, out in reversed(saved):
+        if last:
+            out.backward()
+        else:
+            grad = torch.empty(act_shape)
+            dist.recv(grad, src=next_)
+            out.backward(grad)
+        if not first:
+            dist.send(inp.grad.contiguous(), dst=prev)
+    if dp_group is not None:
+        for p in stage.parameters():
+            dist.all_reduce(p.grad, group=dp_group)
+        dist.all_reduce(loss_sum, group=dp_group)
+    return loss_sum

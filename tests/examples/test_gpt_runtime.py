@@ -1,5 +1,6 @@
-"""The reference GPT through the public runtime API (tests/examples/gpt_script.py, migrate.gpt_live's builder
-and manifest) on 2 nodes x 2 devices: tp2dp2, shrunk to one node (tp2dp1) and grown back, live. Oracle: the
+"""The reference GPT through the public runtime API (tests/examples/gpt_script.py, migrate.gpt_live's builder,
+manifest and step) on 2 nodes x 2 devices: tp2dp2, shrunk to one node (tp2dp1) and grown back, live; and with
+pipeline stages, pp2dp2 shrunk to tp2 (the second stage's layers move into TP shards) and back. Oracle: the
 loss of every step equals the uninterrupted one-process reference trainer's (within 1e-5: TP and DP change
 the reduction order), every step once. Each migration reports what the reference worker's do (phases, the
 step it applied at, every worker's marks for launcher.timeline) and keeps the process group whose members do
@@ -23,11 +24,13 @@ from tests.launcher.test_faults import check_curve, read_losses
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tmp_path: Path) -> None:
+@pytest.mark.parametrize("big, small", [("pp1tp2dp2", "pp1tp2dp1"), ("pp2tp1dp2", "pp1tp2dp1")])
+def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tmp_path: Path, big: str,
+                                                                              small: str) -> None:
     loss_file = tmp_path / "loss.txt"
     cmd = ["python", str(ROOT / "tests" / "examples" / "gpt_script.py"), "--steps", "18", "--loss-file",
            str(loss_file), "--step-sleep", "0.3"]
-    opts = Options(1, 2, 2, [ParallelConfig.parse(x) for x in ("tp2dp2", "tp2dp1")], cmd, job_name="gpt", poll=0.05,
+    opts = Options(1, 2, 2, [ParallelConfig.parse(x) for x in (big, small)], cmd, job_name="gpt", poll=0.05,
                    ready_timeout=120, migrate_timeout=120)
     store = Store(f"sqlite:///{tmp_path}/e.db")
     la = Launcher(opts, LocalNodes(2, 2, log_dir=tmp_path / "logs"), store)
@@ -43,11 +46,11 @@ def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tm
     rows = read_losses(loss_file)
     check_curve(rows, 18)
     layouts = [lay for _s, _v, lay in rows]
-    assert layouts[0] == "pp1tp2dp2" and "pp1tp2dp1" in layouts and layouts[-1] == "pp1tp2dp2"
+    assert layouts[0] == big and small in layouts and layouts[-1] == big
     job = store.find_job("gpt")
     migs = sorted(store.recent_migrations(job.id, limit=10), key=lambda m: m.id)
-    assert [(m.status, m.from_layout, m.to_layout) for m in migs] == [
-        ("succeeded", "pp1tp2dp2", "pp1tp2dp1"), ("succeeded", "pp1tp2dp1", "pp1tp2dp2")]
+    assert [(m.status, m.from_layout, m.to_layout) for m in migs] == [("succeeded", big, small),
+                                                                      ("succeeded", small, big)]
     assert migs[1].bytes_moved > 0
     assert all(set(m.phases) == {"plan", "build_groups", "execute", "rebuild", "other"} for m in migs), migs
     shrink, grow = [o for o in la.outcomes if o.migration_id is not None]
