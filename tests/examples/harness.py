@@ -76,10 +76,11 @@ def ddp_reference_losses(steps: int, global_batch: int = 8) -> list[float]:
 
 
 def run_local(tmp_path: Path, launch: list[str], program: list[str],
-              drive: Callable[[Callable[[], bool]], None]) -> str:
+              drive: Callable[[Callable[[], bool]], None], env: dict[str, str] | None = None) -> str:
     """Run `elastic-launch --backend local --nnodes 1:2 --db sqlite:///tmp_path/e.db <launch> -- python
     examples/<program>` (worker logs under tmp_path/logs, this checkout on PYTHONPATH), call
-    `drive(alive)` while it runs, then wait for it to end on its own (killed if anything failed first).
+    `drive(alive)` while it runs, then wait for it to end on its own (killed if anything failed first);
+    `env` goes on top of this process's environment (e.g. $ELASTIC_FAULT).
     Fails when elastic-launch exits non-zero; returns its output."""
     import os
     import subprocess
@@ -88,7 +89,7 @@ def run_local(tmp_path: Path, launch: list[str], program: list[str],
     cmd = [sys.executable, "-m", "launcher.launch", "--backend", "local", "--nnodes", "1:2", "--db",
            f"sqlite:///{tmp_path}/e.db", "--log-dir", str(tmp_path / "logs"), "--poll", "0.1", *launch, "--",
            "python", str(ROOT / "examples" / program[0]), *program[1:]]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         drive(lambda: proc.poll() is None)
@@ -101,24 +102,55 @@ def run_local(tmp_path: Path, launch: list[str], program: list[str],
     return out
 
 
-def shrink_and_grow(tmp_path: Path, job: str, layouts: str, small: str, script: str, args: list[str],
-                    gpus_per_node: int = 2) -> list[tuple[int, str, int, float]]:
-    """Run examples/`script` (a live-mode one that logs like mixer_live.py to its --log, here
-    tmp_path/steps.log) with `args` under `elastic-launch --backend local` on 2 nodes with --layouts
-    `layouts`; after 3 steps `elastic resize` to 1 node, after 2 steps on layout `small` back to 2.
-    Returns the log's rows (mixer_rows) once the job ended; fails if elastic-launch exits non-zero."""
+def shrink(tmp_path: Path, job: str, small: str, alive: Callable[[], bool]) -> None:
+    """For a job run by run_local that logs like mixer_live.py to tmp_path/steps.log: after 3 steps `elastic
+    resize` it to 1 node; return once 2 steps ran on layout `small`."""
     from launcher.cli import main as elastic
 
-    url, log = f"sqlite:///{tmp_path}/e.db", tmp_path / "steps.log"
+    log = tmp_path / "steps.log"
+    wait(lambda: len(mixer_rows(log)) >= 3, 120, "3 steps on 2 nodes", alive)
+    assert elastic(["resize", job, "--nodes", "1", "--db", f"sqlite:///{tmp_path}/e.db"]) == 0
+    wait(lambda: any(r[1] == small for r in mixer_rows(log)), 120, f"a step on {small}", alive)
+    shrunk = next(r[0] for r in mixer_rows(log) if r[1] == small)
+    wait(lambda: mixer_rows(log)[-1][0] >= shrunk + 2, 120, f"two steps on {small}", alive)
+
+
+def shrink_and_grow(tmp_path: Path, job: str, layouts: str, small: str, script: str, args: list[str],
+                    gpus_per_node: int = 2, launch: list[str] = (), env: dict[str, str] | None = None,
+                    then: Callable[[Callable[[], bool]], None] | None = None) -> list[tuple[int, str, int, float]]:
+    """Run examples/`script` (a live-mode one that logs like mixer_live.py to its --log, here
+    tmp_path/steps.log) with `args` under `elastic-launch --backend local` on 2 nodes with --layouts
+    `layouts` (and `launch`, `env`: see run_local); after 3 steps `elastic resize` to 1 node, after 2 steps
+    on layout `small` back to 2, then `then(alive)` if given. Returns the log's rows (mixer_rows) once the
+    job ended; fails if elastic-launch exits non-zero."""
+    from launcher.cli import main as elastic
+
+    log = tmp_path / "steps.log"
 
     def drive(alive: Callable[[], bool]) -> None:
-        wait(lambda: len(mixer_rows(log)) >= 3, 120, "3 steps on 2 nodes", alive)
-        assert elastic(["resize", job, "--nodes", "1", "--db", url]) == 0
-        wait(lambda: any(r[1] == small for r in mixer_rows(log)), 120, f"a step on {small}", alive)
-        shrunk = next(r[0] for r in mixer_rows(log) if r[1] == small)
-        wait(lambda: mixer_rows(log)[-1][0] >= shrunk + 2, 120, f"two steps on {small}", alive)
-        assert elastic(["resize", job, "--nodes", "2", "--db", url]) == 0
+        shrink(tmp_path, job, small, alive)
+        assert elastic(["resize", job, "--nodes", "2", "--db", f"sqlite:///{tmp_path}/e.db"]) == 0
+        if then is not None:
+            then(alive)
 
-    run_local(tmp_path, ["--gpus-per-node", str(gpus_per_node), "--layouts", layouts, "--job-name", job],
-              [script, "--log", str(log), *args], drive)
+    run_local(tmp_path, ["--gpus-per-node", str(gpus_per_node), "--layouts", layouts, "--job-name", job, *launch],
+              [script, "--log", str(log), *args], drive, env)
     return mixer_rows(log)
+
+
+def kill_worker(tmp_path: Path, device: int) -> None:
+    """SIGKILL the worker process of `device` of the job run by run_local in `tmp_path` (found in /proc: its
+    command line names tmp_path/steps.log, its environment ELASTIC_DEVICE=`device`): a real death."""
+    import os
+    import signal
+
+    log, mark = str(tmp_path / "steps.log").encode(), f"ELASTIC_DEVICE={device}".encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and log in (proc / "cmdline").read_bytes() \
+                    and mark in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+                return
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+    raise AssertionError(f"no worker process of device {device} under {tmp_path}")
