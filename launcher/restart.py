@@ -83,6 +83,7 @@ class RestartMode:
         self.la = la
         self.rdzv = ScriptRendezvous(la.ctl.host)
         self.count = 0  # TORCHELASTIC_RESTART_COUNT of the running world
+        self.killed: list[str] = []  # nodes whose workers the last stop_world had to SIGKILL
         self.failures = 0
 
     # -- one world ------------------------------------------------------------------------------
@@ -125,18 +126,29 @@ class RestartMode:
             time.sleep(0.05)
 
     def stop_world(self) -> float:
-        """SIGTERM every worker, SIGKILL after --term-timeout; returns the seconds it took."""
+        """SIGTERM every worker, SIGKILL after --term-timeout; returns the seconds it took. The nodes whose
+        workers had to be killed are in `self.killed` (a restart's history says so: such a pause is the
+        timeout's, not the script's)."""
         la = self.la
         t0 = time.perf_counter()
         handles = list(la.handles.items())
         for _n, h in handles:
             la.backend.signal(h, signal.SIGTERM)
         deadline = time.monotonic() + la.opts.term_timeout
+        self.killed = []
         for n, h in handles:
             if not la.backend.stop(h, max(deadline - time.monotonic(), 0.0)):
+                self.killed.append(n)
                 la.log(f"workers on {n} ignored SIGTERM for {la.opts.term_timeout:.0f} s; killed them")
             la.handles.pop(n, None)
         return time.perf_counter() - t0
+
+    def killed_note(self) -> list[str]:
+        """The history note of the last stop_world when it had to SIGKILL, else none."""
+        if not self.killed:
+            return []
+        return [f"workers on {','.join(self.killed)} did not exit within --term-timeout "
+                f"{self.la.opts.term_timeout:g} s of SIGTERM; killed"]
 
     # -- a restart, recorded like a migration ---------------------------------------------------------
     def restart_to(self, target: list[str], trigger: str):
@@ -156,8 +168,12 @@ class RestartMode:
         la.log(f"restart {self.count + 1}: {out.from_layout} on {','.join(before)} -> {out.to_layout} on "
                f"{','.join(target)} ({trigger}); stopping the workers")
         stop_s = self.stop_world()
+        killed = self.killed_note()
+        if killed:
+            la.db.add_migration_notes(mid, killed)
         leaving = [n for n in before if n not in target]
         error, notes = release_departed(la, leaving, mid)
+        notes = killed + notes
         self.count += 1
         t1 = time.perf_counter()
         try:

@@ -101,3 +101,42 @@ def test_sigterm_to_the_launcher_stops_the_job_and_its_workers(tmp_path: Path) -
     assert Store(url).find_job("longrun").state == "stopped"
     for p in pids.iterdir():  # every worker got SIGTERM and is gone
         assert not Path(f"/proc/{p.name}").exists()
+
+
+def test_a_restart_that_had_to_kill_says_so_in_its_history(tmp_path: Path) -> None:
+    """Workers of the first world ignore SIGTERM: after --term-timeout the launcher kills them, and the
+    restart's history says so (such a pause is the timeout's, not the script's)."""
+    url = f"sqlite:///{tmp_path}/e.db"
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    prog = ("import os, signal, sys, time\n"
+            "first = os.environ['TORCHELASTIC_RESTART_COUNT'] == '0'\n"
+            "if first: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "import torch.distributed as dist\n"  # join the world's rendezvous: one key per rank
+            "s = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False)\n"
+            "s.set('rank' + os.environ['RANK'], '1')\n"
+            "open(sys.argv[1] + '/' + os.environ['RANK'] + os.environ['TORCHELASTIC_RESTART_COUNT'], 'w').close()\n"
+            "time.sleep(60 if first else 0)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.launch", "--backend", "local", "--db", url,
+                             "--nnodes", "1:2", "--job-name", "deaf", "--poll", "0.05", "--term-timeout", "1",
+                             "--", "python", "-c", prog, str(ready)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(ready.iterdir())) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        from launcher.cli import main as elastic
+
+        assert elastic(["resize", "deaf", "--nodes", "1", "--db", url]) == 0
+        _out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    store = Store(url)
+    (mig,) = store.recent_migrations(store.find_job("deaf").id, limit=5)
+    assert (mig.kind, mig.status) == ("restart", "succeeded")
+    assert mig.plan_summary["notes"][0] == ("workers on node0,node1 did not exit within --term-timeout 1 s of "
+                                            "SIGTERM; killed")
+    assert "did not exit within --term-timeout 1 s" in store.list_requests(store.find_job("deaf").id)[0].message
