@@ -14,5 +14,5 @@ def unit_digest(t: torch.Tensor) -> int:
     """Checksum of one slice unit (or one whole replicated tensor)."""
     h = xxhash.xxh3_64()
     h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy())
+    h.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())  # 0-dim too
     return h.intdigest()

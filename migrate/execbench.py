@@ -98,19 +98,18 @@ def _once(device: int, job: dict, profile: bool):
         run = lambda: DeviceExecutor(p, device, state if old_rank is not None else None, None,  # noqa: E731
                                      job["window"], None, release, targets).run()
     else:
-        from migrate.reshard import execute
+        from migrate.reshard import allocate_targets, execute, plan_targets
 
         local = {f"{k}.{name}": t for (k, name), t in old.items()}
         old = None
         old_ms, new_ms, transfers = job["manifests"]
-        targets = None
-        if not release and new_rank is not None:  # allocated ahead, as the executor's engine does
-            targets = {e.fqn: torch.zeros(e.local_shape) for e in new_ms[new_rank].entries}
-        kwargs = {"release_early": release, "targets": targets} if job["new_api"] else {}
-        run = lambda: execute(transfers, old_rank, new_rank, local,  # noqa: E731
-                              old_ms[old_rank] if old_rank is not None else None,
-                              new_ms[new_rank] if new_rank is not None else None, list(p.prev.devices),
-                              list(p.curr.devices), **kwargs)
+        om = old_ms[old_rank] if old_rank is not None else None
+        nm = new_ms[new_rank] if new_rank is not None else None
+        # allocated ahead (before the pause in a real migration), as the executor's engine does
+        targets = None if release else allocate_targets(plan_targets(transfers, old_rank, new_rank, om, nm))
+        run = lambda: execute(transfers, old_rank, new_rank, local, om, nm,  # noqa: E731
+                              list(p.prev.devices), list(p.curr.devices), release_early=release,
+                              targets=targets, verify=job["verify"])
     dist.barrier()
     prof = _profiler(device) if profile else None
     t0 = time.perf_counter()
@@ -159,25 +158,23 @@ def _worker(device: int, n: int, port: int, job: dict, queue) -> None:
 
 
 def run_one(name: str, engine: str, cfg: BenchConfig, release_early: bool, window: int | None = None,
-            repeat: int = 3) -> dict:
+            repeat: int = 3, verify: bool = True) -> dict:
     """One scenario moved by one engine in forked processes; the row `python -m migrate.execbench` prints."""
     prev, curr = (ParallelConfig.parse(x) for x in PAPER_SCENARIOS[name])
     n = max(prev.world_size, curr.world_size)
     model = cfg.model()
     p = plan(model, prev, curr, Topology.grid(math.ceil(n / cfg.gpus_per_node), cfg.gpus_per_node), frozenset())
-    job = {"plan": p, "engine": engine, "release_early": release_early, "window": window, "repeat": repeat}
+    job = {"plan": p, "engine": engine, "release_early": release_early, "window": window, "repeat": repeat,
+           "verify": verify}
     if engine == "manifest":
-        import inspect
-
         from migrate.manifest import gpt_manifest
-        from migrate.reshard import execute, plan_transfers
+        from migrate.reshard import plan_transfers
 
         old_ms = [gpt_manifest(model, p.prev.layout, r) for r in range(prev.world_size)]
         new_ms = [gpt_manifest(model, p.curr.layout, r) for r in range(curr.world_size)]
         old_of = p.prev.rank_of()
         same = {r: old_of[d] for r, d in enumerate(p.curr.devices) if d in old_of}
         job["manifests"] = (old_ms, new_ms, plan_transfers(old_ms, new_ms, same))
-        job["new_api"] = "release_early" in inspect.signature(execute).parameters
     rows = run_forked(_worker, n, (job,), n, timeout=600)
     slowest = min(max(r[1][i] for r in rows) for i in range(repeat))  # best of the repeats
     busiest = max(rows, key=lambda r: r[4] / max(r[3], 1))
@@ -196,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--release-early", action="store_true")
     ap.add_argument("--window", type=int, default=None, help="window bytes (default: the engine's)")
     ap.add_argument("--repeat", type=int, default=3, help="transfers per scenario and engine; the best counts")
+    ap.add_argument("--no-verify", action="store_true", help="manifest engine: skip the digest comparison")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     cfg = BenchConfig(layers=args.layers, hidden=args.hidden)
@@ -207,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if n not in ceilings:
             ceilings[n] = loopback_ceiling(n)
         for engine in args.engine or ["executor", "manifest"]:
-            row = run_one(name, engine, cfg, args.release_early, args.window, args.repeat)
+            row = run_one(name, engine, cfg, args.release_early, args.window, args.repeat, not args.no_verify)
             row["ceiling_gbps"] = round(ceilings[n] / 1e9, 3)
             row["share_of_ceiling"] = round(row["execute_gbps"] / row["ceiling_gbps"], 3)
             print(json.dumps(row) if args.json else

@@ -7,6 +7,20 @@ least loaded one) and the exact index range each sends; `execute` runs the trans
 processes in one batch of point-to-point sends and receives, copying locally what a process
 already holds. Planning is pure; only `execute` touches torch.distributed.
 
+What a process does around the pause (the API a runtime wires in):
+
+    transfers = plan_transfers(old_ms, new_ms, same)                     # pure, every process alike
+    entries = plan_targets(transfers, old_rank, new_rank, old_m, new_m)   # pure: what to allocate ahead
+    targets = allocate_targets(entries)                                   # before the pause (page faults)
+    new = execute(transfers, old_rank, new_rank, old_state, old_m, new_m, procs_old, procs_new,
+                  targets=targets, release_early=False, verify=True)      # the pause
+    new.units_verified, new.kept, new.phases                              # what to record
+
+A piece the process already holds whole and unchanged (`kept_pieces`) is not allocated nor copied:
+the new state takes the very old tensor. `verify` compares xxh3 digests of every transferred piece
+at both ends (the sender's from its old tensor, the receiver's from its new one, each cut by its own
+manifest) and every process raises the same MigrationMismatch when any differs, old state kept.
+
 A tensor is cut along at most one dimension on each side (DTensor Shard(d)/Replicate); when both
 sides cut it, they must cut the same dimension (a TP style fixes it per parameter).
 """
@@ -17,6 +31,11 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from migrate.manifest import DTYPE_BYTES, Manifest, ManifestError, ShardEntry
+
+
+class MigrationMismatch(RuntimeError):
+    """A transferred piece arrived different from what was sent (digests differ): nothing is adopted.
+    (A dead peer raises migrate.transfer.TransferError instead; planning here stays free of torch.)"""
 
 
 @dataclass(frozen=True, order=True)
@@ -75,6 +94,45 @@ def plan_transfers(old: Sequence[Manifest], new: Sequence[Manifest], same: Mappi
     return out
 
 
+def _box(e: ShardEntry) -> tuple[tuple[int, int], ...]:
+    """The elements piece `e` holds: its [lo, hi) along every dimension."""
+    return tuple(e.range if d == e.dim else (0, n) for d, n in enumerate(e.shape))
+
+
+def kept_pieces(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
+                old_manifest: Manifest | None, new_manifest: Manifest | None) -> frozenset[str]:
+    """FQNs this process holds already, whole and unchanged (same elements, dtype), and fills only from
+    itself: the new state takes the very old tensor (no allocation, no copy)."""
+    if old_rank is None or new_rank is None or old_manifest is None or new_manifest is None:
+        return frozenset()
+    olds = old_manifest.by_fqn()
+    sources: dict[str, set[int]] = {}
+    for t in transfers:
+        if t.dst == new_rank:
+            sources.setdefault(t.fqn, set()).add(t.src)
+    return frozenset(e.fqn for e in new_manifest.entries
+                     if sources.get(e.fqn) == {old_rank} and e.fqn in olds
+                     and olds[e.fqn].dtype == e.dtype and _box(olds[e.fqn]) == _box(e))
+
+
+def plan_targets(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
+                 old_manifest: Manifest | None, new_manifest: Manifest | None) -> tuple[ShardEntry, ...]:
+    """The new pieces to allocate ahead (`allocate_targets`, before the pause) on the process that is
+    old rank `old_rank` and new rank `new_rank`: every piece of its new manifest but the kept ones."""
+    if new_rank is None or new_manifest is None:
+        return ()
+    kept = kept_pieces(transfers, old_rank, new_rank, old_manifest, new_manifest)
+    return tuple(e for e in new_manifest.entries if e.fqn not in kept)
+
+
+def allocate_targets(entries: Sequence[ShardEntry], device=None) -> dict[str, object]:
+    """Tensors for `entries` (plan_targets), written once so their pages are mapped: receiving into
+    fresh memory is 3-8x slower on CPU (facts.md). Give them to `execute(..., targets=...)`."""
+    import torch
+
+    return {e.fqn: torch.zeros(e.local_shape, dtype=getattr(torch, e.dtype), device=device) for e in entries}
+
+
 def _piece(t, e: ShardEntry, tr: Transfer):
     """The view of local tensor `t` (piece `e`) holding the transfer's rows."""
     if tr.dim is None:
@@ -83,63 +141,147 @@ def _piece(t, e: ShardEntry, tr: Transfer):
     return t.narrow(tr.dim, tr.lo - base, tr.hi - tr.lo)
 
 
+class Resharded(dict):
+    """`execute`'s result: the new local tensors by FQN, and what the migration did.
+
+    `units_verified`: transferred pieces whose digests matched at both ends (0 unless verify);
+    `kept`: FQNs taken unchanged from the old state (the very tensors); `phases`: seconds of
+    "transfer" and "verify"; `stats`: migrate.transfer.TransferStats."""
+
+    def __init__(self, tensors: Mapping[str, object] | None = None) -> None:
+        super().__init__(tensors or {})
+        self.units_verified = 0
+        self.kept: frozenset[str] = frozenset()
+        self.phases: dict[str, float] = {}
+        self.stats = None
+
+
+def _key(tr: Transfer) -> tuple:
+    return (tr.fqn, tr.dst, tr.src, -1 if tr.dim is None else tr.dim, tr.lo, tr.hi)
+
+
 def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
             old_state: MutableMapping[str, object], old_manifest: Manifest | None, new_manifest: Manifest | None,
             proc_of_old: Sequence[int], proc_of_new: Sequence[int], group=None, release_early: bool = False,
-            window_bytes: int | None = None, on_window=None, targets: Mapping[str, object] | None = None
-            ) -> dict[str, object]:
+            window_bytes: int | None = None, on_window=None, targets: Mapping[str, object] | None = None,
+            verify: bool = True) -> Resharded:
     """Run this process's part of `transfers` on the shared transfer layer (migrate.transfer);
-    returns its new local tensors by FQN.
+    returns its new local tensors by FQN (a `Resharded` dict).
 
     `old_state`: this process's local tensors (old rank `old_rank`), `proc_of_old[r]`/`proc_of_new[r]`:
     the rank in `group` (the process group of old and new processes) of old/new rank r. Every
-    process calls it with the same transfers, so sends and receives pair up. Safe by default:
-    `old_state` is not touched, and a failure (migrate.transfer.TransferError) leaves it whole.
-    `release_early`: each old tensor is dropped from `old_state` once its receivers confirmed their
-    copies, and new tensors are allocated only when their window comes (lower peak memory).
-    `targets`: new tensors by FQN allocated (and written) ahead, before the pause: receiving into
-    memory already mapped is several times faster on CPU than into fresh memory."""
+    process of `group` calls it with the same transfers, so sends and receives pair up. Safe by
+    default: `old_state` is not written, and a failure (migrate.transfer.TransferError, or
+    MigrationMismatch on every process when `verify` finds a piece that differs) leaves it whole.
+    Pieces held unchanged (`kept_pieces`) are the very old tensors in the result, unless `targets`
+    names them. `release_early`: each old tensor is dropped from `old_state` once its receivers
+    confirmed their copies, and new tensors are allocated only when their window comes (lower peak
+    memory; a failure then leaves some old tensors gone, covered by verified new copies).
+    `targets`: new tensors by FQN allocated (and written) ahead, before the pause (plan_targets,
+    allocate_targets): receiving into memory already mapped is several times faster on CPU."""
+    import time
+
     import torch
 
     from migrate.transfer import EARLY_WINDOW_BYTES, WINDOW_BYTES, Exchange, narrow_is_contiguous
 
+    t0 = time.perf_counter()
     olds = old_manifest.by_fqn() if old_manifest is not None else {}
     news = new_manifest.by_fqn() if new_manifest is not None else {}
-    dtypes = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-              "float16": torch.float16, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
-              "int8": torch.int8, "bool": torch.bool}
-    result: dict[str, object] = dict(targets or {})
+    result = Resharded(targets)
+    kept = kept_pieces(transfers, old_rank, new_rank, old_manifest, new_manifest) - set(result)
+    for fqn in kept:
+        result[fqn] = old_state[fqn]
+    result.kept = kept
 
     def target(fqn: str):
         t = result.get(fqn)
         if t is None:
-            t = result[fqn] = torch.empty(news[fqn].local_shape, dtype=dtypes[news[fqn].dtype])
+            e = news[fqn]
+            t = result[fqn] = torch.empty(e.local_shape, dtype=getattr(torch, e.dtype))
         return t
 
     def release(fqn: str) -> None:
         old_state.pop(fqn, None)
 
+    mine = sorted((t for t in transfers if t.src == old_rank and t.dst != new_rank
+                   or t.dst == new_rank and t.fqn not in kept), key=_key)
+    sent = _digests([t for t in mine if t.src == old_rank], old_state, olds) if verify else {}
     ex = Exchange(group, window_bytes or (EARLY_WINDOW_BYTES if release_early else WINDOW_BYTES),
                   release if release_early else None)
-    for tr in [t for t in transfers if t.src == old_rank or t.dst == new_rank]:  # the layer orders them
+    for tr in mine:  # the layer orders them
         src_proc, dst_proc = proc_of_old[tr.src], proc_of_new[tr.dst]
-        key = (tr.fqn, tr.dst, tr.src, -1 if tr.dim is None else tr.dim, tr.lo, tr.hi)
         mine_old, mine_new = old_rank == tr.src, new_rank == tr.dst
         if mine_old and mine_new:
             ex.copy(_piece(target(tr.fqn), news[tr.fqn], tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
         elif mine_old:
-            ex.send(dst_proc, key, _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
-        elif mine_new:
+            ex.send(dst_proc, _key(tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
+        else:
             e = news[tr.fqn]
             whole = tr.dim is None or narrow_is_contiguous(e.local_shape, tr.dim, tr.hi - tr.lo)
-            ex.recv(src_proc, key, lambda tr=tr: _piece(target(tr.fqn), news[tr.fqn], tr), transfer_bytes(tr, e), whole)
-    if release_early:
+            ex.recv(src_proc, _key(tr), lambda tr=tr: _piece(target(tr.fqn), news[tr.fqn], tr),
+                    transfer_bytes(tr, e), whole)
+    if release_early:  # a kept tensor leaves old_state too (it lives on in the result)
         for fqn in olds:
             ex.own(fqn)
-    ex.run(on_window)
+    result.stats = ex.run(on_window)
     for fqn in news:  # pieces that no transfer fills (an empty shard) still exist
         target(fqn)
+    t1 = time.perf_counter()
+    result.phases["transfer"] = t1 - t0
+    if verify:
+        result.units_verified = _verify(mine, old_rank, new_rank, sent, result, news, proc_of_old, proc_of_new,
+                                        group)
+        result.phases["verify"] = time.perf_counter() - t1
     return result
+
+
+def _digests(trs: Sequence[Transfer], state: Mapping[str, object], entries: Mapping[str, ShardEntry]) -> dict:
+    """xxh3 digest (migrate.checksum) of each transfer's piece of `state`, cut by `entries`."""
+    from migrate.checksum import unit_digest
+
+    return {_key(t): unit_digest(_piece(state[t.fqn], entries[t.fqn], t)) for t in trs}
+
+
+def _verify(mine: Sequence[Transfer], old_rank, new_rank, sent: dict, result: Mapping[str, object],
+            news: Mapping[str, ShardEntry], proc_of_old, proc_of_new, group) -> int:
+    """Compare, for every piece this process received or copied, the sender's digest of what it sent
+    with the digest of what landed; every process of `group` learns whether any piece anywhere
+    differed (one all-reduce) and raises MigrationMismatch if so. Returns the pieces verified here."""
+    import torch
+    import torch.distributed as dist
+
+    from migrate.transfer import Exchange, TransferError, signed64
+
+    got = _digests([t for t in mine if t.dst == new_rank], result, news)
+    ex = Exchange(group)  # the senders' digests, one int64 vector per pair of processes, in key order
+    outgoing: dict[int, list[Transfer]] = {}
+    incoming: dict[int, list[Transfer]] = {}
+    for t in mine:
+        if t.src == old_rank and t.dst != new_rank:
+            outgoing.setdefault(proc_of_new[t.dst], []).append(t)
+        elif t.dst == new_rank and t.src != old_rank:
+            incoming.setdefault(proc_of_old[t.src], []).append(t)
+    boxes = {}
+    for peer, trs in outgoing.items():
+        ex.send(peer, ("digests",), torch.tensor([signed64(sent[_key(t)]) for t in trs], dtype=torch.int64))
+    for peer, trs in incoming.items():
+        boxes[peer] = torch.zeros(len(trs), dtype=torch.int64)
+        ex.recv(peer, ("digests",), boxes[peer])
+    ex.run()
+    bad = [t for t in mine if t.dst == new_rank and t.src == old_rank and sent[_key(t)] != got[_key(t)]]
+    for peer, trs in incoming.items():
+        bad += [t for t, d in zip(trs, boxes[peer].tolist()) if d != signed64(got[_key(t)])]
+    flag = torch.tensor([len(bad)], dtype=torch.int64)
+    try:
+        dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=group)
+    except Exception as exc:  # a dead peer shows up here as a gloo error
+        raise TransferError(f"{type(exc).__name__}: {exc}") from exc
+    if int(flag.item()):
+        here = f"; here {bad[0].fqn} rows {bad[0].lo}:{bad[0].hi} from old rank {bad[0].src}" if bad else ""
+        raise MigrationMismatch(f"{int(flag.item())} transferred pieces differ from what was sent{here}; "
+                                "nothing adopted")
+    return len(got)
 
 
 def transfer_bytes(tr: Transfer, e: ShardEntry) -> int:

@@ -104,7 +104,8 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _signed(d: int) -> int:
+def signed64(d: int) -> int:
+    """An unsigned 64-bit digest as the int64 a tensor carries."""
     return d - (1 << 64) if d >= 1 << 63 else d
 
 
@@ -186,6 +187,7 @@ class Exchange:
         for dst, src, owner in self._copies:
             dst.copy_(src)
             self._used(owner)
+        self._copies.clear()  # a view keeps its old tensor's memory alive: drop it once used
         if self.release is not None:
             for owner, uses in list(self._uses.items()):
                 if uses == 0:
@@ -260,18 +262,19 @@ class Exchange:
                     pos += p.nbytes
             if self.release is not None:  # confirm to the sender what arrived, once it sits in place
                 got = buf if buf is not None else _flat(m.pieces[0].tensor)
-                ack = torch.tensor([_signed(unit_digest(got.cpu()))], dtype=torch.int64)
+                ack = torch.tensor([signed64(unit_digest(got.cpu()))], dtype=torch.int64)
                 acks.append((dist.isend(ack, group=self.group, group_dst=m.peer, tag=ACK_TAG), ack, 0, None))
         for m, buf in sent:
             if self.release is None:
                 continue
-            want = _signed(unit_digest(buf.cpu()))
+            want = signed64(unit_digest(buf.cpu()))
             box = torch.zeros(1, dtype=torch.int64)
             acks.append((dist.irecv(box, group=self.group, group_src=m.peer, tag=ACK_TAG), box, want, m))
         if self.release is None:
             for m, _buf in sent:
                 for p in m.pieces:
                     self._used(p.owner)
+                    p.source = None
 
     def _settle(self, acks: list, wait: bool) -> None:
         """Release the owners whose receivers confirmed their pieces (release mode)."""
@@ -288,6 +291,7 @@ class Exchange:
                 raise TransferError(f"rank {m.peer} received a piece that differs from what was sent (digest)")
             for p in m.pieces:
                 self._used(p.owner)
+                p.source = None  # the view would keep the released old tensor's memory alive
         acks[:] = keep
 
     def _used(self, owner: Hashable | None) -> None:

@@ -1,0 +1,166 @@
+"""migrate.reshard around the pause: what to allocate ahead (pure, checked by element masks), receiving
+into those buffers, unchanged pieces kept as the very old tensors, digests that catch a corrupted
+piece on every process with the old state whole, and release-early really freeing old memory during
+the transfer. Real processes (gloo); the oracle is the full tensors each piece is cut from."""
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+
+from migrate.reshard import plan_targets, plan_transfers
+from tests.migrate.test_reshard import cut
+from tests.migrate.test_transfer import _init, full_tensors, layout
+
+
+def elements(e) -> set[int]:
+    """Indices (into the whole tensor) of the elements piece `e` holds, by brute force."""
+    idx = torch.arange(max(1, int(torch.tensor(e.shape).prod())) if e.shape else 1).view(e.shape)
+    return set(cut(idx, e).reshape(-1).tolist())
+
+
+@pytest.mark.parametrize("a,b,same", [(2, 2, {0: 0, 1: 1}), (2, 1, {0: 1}), (1, 2, {1: 0}), (2, 2, {0: 1}),
+                                      (1, 1, {0: 0})])
+def test_targets_are_every_new_piece_but_those_held_unchanged(a: int, b: int, same: dict[int, int]) -> None:
+    old, new = layout(a), layout(b)
+    trs = plan_transfers(old, new, same)
+    for dst, m in enumerate(new):
+        o = same.get(dst)
+        held = {e.fqn: elements(e) for e in old[o].entries} if o is not None else {}
+        unchanged = {e.fqn for e in m.entries if held.get(e.fqn) == elements(e)}
+        got = plan_targets(trs, o, dst, old[o] if o is not None else None, m)
+        assert {e.fqn for e in got} == {e.fqn for e in m.entries} - unchanged, (a, b, same, dst)
+        assert all(e in m.entries for e in got)
+    assert plan_targets(trs, 0, None, old[0], None) == ()
+
+
+def step(proc: int, a: tuple[int, list[int]], b: tuple[int, list[int]], state: dict, ahead: bool = False, **kw):
+    """One layout change (tp, processes) a -> b of this process's `state`; (new manifest or None, new
+    state, the buffers allocated ahead)."""
+    from migrate.reshard import allocate_targets, execute
+
+    (tp_a, procs_a), (tp_b, procs_b) = a, b
+    old_ms = [layout(tp_a)[i % tp_a] for i in range(len(procs_a))]
+    new_ms = [layout(tp_b)[i % tp_b] for i in range(len(procs_b))]
+    same = {r: procs_a.index(p) for r, p in enumerate(procs_b) if p in procs_a}
+    o = procs_a.index(proc) if proc in procs_a else None
+    n = procs_b.index(proc) if proc in procs_b else None
+    om, nm = (old_ms[o] if o is not None else None), (new_ms[n] if n is not None else None)
+    trs = plan_transfers(old_ms, new_ms, same)
+    targets = allocate_targets(plan_targets(trs, o, n, om, nm)) if ahead else {}
+    return nm, execute(trs, o, n, state, om, nm, procs_a, procs_b, targets=targets or None, **kw), targets
+
+
+def start(proc: int, tp: int, procs: list[int], full: dict) -> dict:
+    m = layout(tp)[procs.index(proc)] if proc in procs else None
+    return {e.fqn: cut(full[e.fqn], e).clone() for e in m.entries} if m else {}
+
+
+def holds_exactly(state: dict, m, full: dict) -> bool:
+    return set(state) == {e.fqn for e in m.entries} and all(torch.equal(state[e.fqn], cut(full[e.fqn], e))
+                                                            for e in m.entries)
+
+
+def _targets(proc: int, port: int, q) -> None:
+    import torch.distributed as dist
+
+    _init(proc, port)
+    full = full_tensors()
+    # TP2 on 0,1 -> TP2 on 0,2 (process 0 keeps its shard) -> TP1 DP2 on 1,2 (2 keeps its whole pieces)
+    steps = [(2, [0, 1]), (2, [0, 2]), (1, [1, 2])]
+    state = start(proc, *steps[0], full)
+    out = []
+    for a, b in zip(steps, steps[1:]):
+        m, new, targets = step(proc, a, b, state, ahead=True)
+        if m is None:
+            out.append(None)
+        else:
+            kept = sorted(f for f in new if f in state and new[f] is state[f])
+            out.append((holds_exactly(new, m, full), kept == sorted(new.kept), len(kept),
+                        all(new[f] is t for f, t in targets.items()), new.units_verified >= len(targets)))
+        state = dict(new)
+    q.put((proc, out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_new_state_lands_in_buffers_allocated_ahead_and_unchanged_pieces_are_kept() -> None:
+    from tests.migrate.spawned import run_spawned
+
+    got = run_spawned(_targets, 3)
+    whole = sum(e.dim is None for e in layout(2)[0].entries)  # norm weight/bias, down.bias and their moments
+    n = len(layout(2)[0].entries)
+    assert got == {0: [(True, True, n, True, True), None], 1: [None, (True, True, 0, True, True)],
+                   2: [(True, True, 0, True, True), (True, True, whole, True, True)]}
+
+
+def _corrupted(proc: int, port: int, q) -> None:
+    import torch.distributed as dist
+
+    from migrate.reshard import MigrationMismatch
+
+    _init(proc, port)
+    full = full_tensors()
+    a, b = (2, [0, 1]), (1, [1, 2])
+    state = start(proc, *a, full)
+    landed: dict = {}
+
+    def corrupt(window: int) -> None:  # process 2, after the first window (the packed small pieces) landed
+        if proc == 2 and window >= 1:
+            for t in landed["targets"].values():
+                t.view(-1)[:1].add_(1.0)
+
+    import migrate.reshard as reshard
+
+    alloc = reshard.allocate_targets
+    reshard.allocate_targets = lambda entries: landed.setdefault("targets", alloc(entries))
+    try:
+        step(proc, a, b, state, ahead=True, window_bytes=1, on_window=corrupt)
+        verdict = "adopted"
+    except MigrationMismatch as exc:
+        verdict = "refused" if "\n" not in str(exc) else "refused, several lines"
+    intact = proc == 2 or holds_exactly(state, layout(2)[proc], full)
+    q.put((proc, (verdict, intact)))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_corrupted_piece_is_refused_on_every_process_and_the_old_state_stays() -> None:
+    from tests.migrate.spawned import run_spawned
+
+    got = run_spawned(_corrupted, 3)
+    assert got == {0: ("refused", True), 1: ("refused", True), 2: ("refused", True)}
+
+
+def _frees(proc: int, port: int, q) -> None:
+    import torch.distributed as dist
+
+    _init(proc, port)
+    full = full_tensors()
+    a, b = (2, [0, 1]), (2, [2, 0])  # 0 keeps only its whole pieces; 1 sends all and leaves
+    state = start(proc, *a, full)
+    new_m = layout(2)[b[1].index(proc)] if proc in b[1] else None
+    same = {e.fqn for e in new_m.entries if e.fqn in state and elements(e) == elements(layout(2)[0].by_fqn()[e.fqn])} \
+        if new_m is not None and proc == 0 else set()
+    refs = {f: weakref.ref(t) for f, t in state.items() if f not in same}
+    leaks: set[str] = set()
+    freed_during = []
+
+    def check(window: int) -> None:  # an old tensor gone from the state must be gone from memory
+        leaks.update(f for f, r in refs.items() if f not in state and r() is not None)
+        freed_during.append(sum(r() is None for r in refs.values()))
+
+    m, new, _ = step(proc, a, b, state, release_early=True, window_bytes=8 << 10, on_window=check)
+    del new
+    q.put((proc, (sorted(leaks), max(freed_during, default=0) > 0, len(state))))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_release_early_frees_old_tensors_during_the_transfer() -> None:
+    from tests.migrate.spawned import run_spawned
+
+    got = run_spawned(_frees, 3)
+    assert [(leaks, left) for leaks, _freed, left in got.values()] == [([], 0)] * 3  # no leak, nothing old left
+    assert any(freed for _leaks, freed, _left in got.values())  # the check ran while tensors were being released
