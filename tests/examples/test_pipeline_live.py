@@ -108,6 +108,7 @@ def _assert_states(dump: Path, states: list[dict[str, torch.Tensor]]) -> None:
 
 
 def _args(dump: Path) -> list[str]:
+    """The script's flags (the step sleep leaves the resizes time to land before the last step)."""
     return ["--steps", str(STEPS), "--global-batch", str(BATCH), "--microbatches", str(MICRO), "--dump-dir", str(dump),
             "--step-sleep", "0.2"]
 
@@ -233,7 +234,7 @@ def test_tp_inside_pipeline_stages_live_then_suspend_and_resume_on_another_pp_la
     store = Store(f"sqlite:///{tmp_path}/e.db")
     job = store.find_job("tp")
     assert job.state == "suspended" and job.checkpoint_path.endswith(f"step-{job.checkpoint_step}"), job
-    run_local(tmp_path, [*launch, "--resume"], program, lambda alive: None)
+    run_local(tmp_path, [*launch, "--resume"], [*program, "--step-sleep", "0"], lambda alive: None)  # nothing to wait for
 
     rows = mixer_rows(tmp_path / "steps.log")
     assert [r[0] for r in rows] == list(range(1, STEPS + 1)), rows  # every step once across the suspend
