@@ -183,5 +183,8 @@ def test_ddp_restart_on_slurm_gets_sigterm_and_resumes_where_it_stopped(slurm_te
         ("restart", "resize", "succeeded", "pp1tp1dp8", "pp1tp1dp4"),
         ("restart", "resize", "succeeded", "pp1tp1dp4", "pp1tp1dp8")]
     assert all(h["pause_s"] > 0 and h["stop_s"] is not None and h["start_s"] is not None for h in hist), hist
+    # every worker ended on its own after SIGTERM: no restart waited out --term-timeout to SIGKILL it
+    notes = [n for m in run.store.recent_migrations(run.job().id, limit=5) for n in m.plan_summary.get("notes", [])]
+    assert not [n for n in notes if "did not exit within --term-timeout" in n], notes
     # rank 0 (on the batch node n1 in every world) said so in its step's log, once per restart
     assert (tmp_path / "logs" / "step-n1.log").read_text().count("SIGTERM: checkpointed step") == 2
