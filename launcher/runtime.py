@@ -390,12 +390,34 @@ class Job:
         the old layout still trains or, on a joining worker, while it waits for the old layout's last
         step: receiving into memory already mapped is several times faster on CPU (facts.md). Not with
         --release-early, where memory comes first (new tensors are made only as old ones go)."""
+        from migrate.reshard import allocate_targets, plan_targets
+
         e = ev["epoch"]
         if ev.get("kind") != "reshard" or ev.get("release_early") or e in self._prepared \
                 or self.device not in ev["participants"] or self.device not in ev["curr"]["devices"]:
             return
-        new = self._manifests(ev["curr"]["layout"])[ev["curr"]["devices"].index(self.device)]
-        self._prepared[e] = _allocate(new)
+        _alive, old_rank, new_rank, old_ms, new_ms, _same, transfers = self._plan_reshard(ev)
+        self._prepared[e] = allocate_targets(plan_targets(
+            transfers, old_rank, new_rank, old_ms[old_rank] if old_rank is not None else None, new_ms[new_rank]))
+
+    def _plan_reshard(self, ev: dict) -> tuple:
+        """This process's view of reshard event `ev` (pure): the surviving old ranks, its old and new rank
+        (None: none), the old and new layouts' manifests (a failed rank's empty), which old rank each new
+        rank already is (same process), and every transfer (migrate.reshard.plan_transfers)."""
+        from migrate.manifest import Manifest
+        from migrate.reshard import plan_transfers
+
+        prev, curr = ev["prev"], ev["curr"]
+        failed = set(ev.get("failed", []))
+        alive = [r for r, d in enumerate(prev["devices"]) if d not in failed]
+        old_rank = prev["devices"].index(self.device) if self.device in prev["devices"] and self.device not in failed \
+            else None
+        new_rank = curr["devices"].index(self.device) if self.device in curr["devices"] else None
+        old_ms = [m if r in alive else Manifest(()) for r, m in enumerate(self._manifests(prev["layout"]))]
+        new_ms = self._manifests(curr["layout"])
+        same = {r: prev["devices"].index(d) for r, d in enumerate(curr["devices"])
+                if d in prev["devices"] and d not in failed}
+        return alive, old_rank, new_rank, old_ms, new_ms, same, plan_transfers(old_ms, new_ms, same)
 
     def _reshard(self, ev: dict) -> bool:
         """Move the state from the old layout to the new one (migrate.reshard, by manifest); commits
@@ -408,8 +430,7 @@ class Job:
         The migration world's members are the new layout's devices in rank order, then the ones that
         leave: a grow's migration world is then the new training world, and a shrink's the old one, so
         either is kept instead of formed anew when its group is healthy (Control.join_world keep=True)."""
-        from migrate.manifest import Manifest
-        from migrate.reshard import execute, plan_transfers, transfer_bytes
+        from migrate.reshard import execute, transfer_bytes
 
         e, parts = ev["epoch"], ev["participants"]
         prev, curr = ev["prev"], ev["curr"]
@@ -418,22 +439,13 @@ class Job:
         self.ctl.mark("boundary")
         t0 = time.perf_counter()
         healthy = self.model is not None and not self.broken and not ev.get("urgent")
-        failed = set(ev.get("failed", []))
-        alive = [r for r, d in enumerate(prev["devices"]) if d not in failed]
-        old_rank = prev["devices"].index(self.device) if self.device in prev["devices"] and self.device not in failed \
-            else None
-        new_rank = curr["devices"].index(self.device) if self.device in curr["devices"] else None
+        alive, old_rank, new_rank, old_ms, new_ms, same, transfers = self._plan_reshard(ev)
         held = self._release()
         if old_rank is not None:
             if held is None:
                 raise RuntimeError(f"device {self.device}: old rank {old_rank} of event {e} holds no state")
             self.ctl.store.set(f"ev/{e}/extra/{old_rank}", _dumps(held["extras"]))
             self.ctl.store.set(f"ev/{e}/step/{old_rank}", str(held["step"]))
-        old_ms = [m if r in alive else Manifest(()) for r, m in enumerate(self._manifests(prev["layout"]))]
-        new_ms = self._manifests(curr["layout"])
-        same = {r: prev["devices"].index(d) for r, d in enumerate(curr["devices"])
-                if d in prev["devices"] and d not in failed}
-        transfers = plan_transfers(old_ms, new_ms, same)
         self._prepare(ev)  # a joiner allocates here, before it waits for the old layout's last step
         targets = self._prepared.pop(e, None)
         members = list(curr["devices"]) + [d for d in parts if d not in curr["devices"]]
@@ -449,7 +461,7 @@ class Job:
             result = execute(transfers, old_rank, new_rank, held["local"] if old_rank is not None else {},
                              old_ms[old_rank] if old_rank is not None else None,
                              new_ms[new_rank] if new_rank is not None else None, procs_old, procs_new,
-                             release_early=release_early, targets=targets)
+                             release_early=release_early, targets=targets, verify=True)
             t2 = time.perf_counter()
             self.ctl.mark("moved")
             runtime_faults.die_at(self.fault, "commit", None, self.log)
@@ -472,13 +484,17 @@ class Job:
         moved = sum(transfer_bytes(t, new_ms[t.dst].by_fqn()[t.fqn])
                     for t in transfers if t.dst == new_rank and same.get(t.dst) != t.src)
         groups = self.ctl.formed_s(f"m{e}")
-        phases = {"build_groups": groups, "execute": t2 - t1, "other": other}
+        # execute: the transfer; the digests' comparison (every piece verified at both ends) is `other`
+        phases = {"build_groups": groups, "execute": result.phases.get("transfer", t2 - t1),
+                  "other": other + result.phases.get("verify", 0.0)}
+        verified = {"units_verified": result.units_verified, "verified": True}
         if new_rank is None:
             import torch.distributed as dist
 
             dist.destroy_process_group()
             self.ctl.pg_members = None
-            self.ctl.set_result(e, self.device, {"ok": True, "step": None, "bytes_moved": moved, "phases": phases})
+            self.ctl.set_result(e, self.device, {"ok": True, "step": None, "bytes_moved": moved, "phases": phases,
+                                                 **verified})
             return self.device not in ev.get("exit_ok", [])  # on a node that stays: standby
         t3 = time.perf_counter()
         src = same.get(new_rank, alive[0])
@@ -487,7 +503,7 @@ class Job:
         for k, obj in self.extras.items():
             obj.load_state_dict(extras[k])
         phases["other"] += time.perf_counter() - t3
-        report = {"ok": True, "step": self.step, "bytes_moved": moved}
+        report = {"ok": True, "step": self.step, "bytes_moved": moved, **verified}
         t4 = time.perf_counter()
         try:
             groups_w = self._enter(curr["layout"], curr["devices"], f"w{e}", result, keep=True)
@@ -551,15 +567,6 @@ def _export_local(model, opt) -> dict:
     """This rank's pieces by FQN, detached from the model: views of its tensors, no copy (the model and
     optimizer are dropped right after, so nothing changes them; --release-early frees them one by one)."""
     return {k: v.detach() for k, v in _state_views(model, opt).items()}
-
-
-def _allocate(manifest) -> dict:
-    """Zero-filled local tensors for every piece of `manifest` (zeros, not empty: the pages are mapped now)."""
-    import torch
-
-    dtypes = {name: getattr(torch, name) for name in ("float32", "float64", "bfloat16", "float16", "int64", "int32",
-                                                      "uint8", "int8", "bool")}
-    return {e.fqn: torch.zeros(e.local_shape, dtype=dtypes[e.dtype]) for e in manifest.entries}
 
 
 def _load_local(model, opt, local: Mapping) -> None:

@@ -162,11 +162,15 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
     at = None if failed else la.ctl.at(e)
     out.at_step = at if at is not None else min(steps) if steps else None
     out.bytes_moved = sum(r.get("bytes_moved", 0) for r in results.values())
-    la.db.finish_migration(mid, "succeeded", out.bytes_moved, None, None, phases, error=error,
+    # every transferred piece's digests compared at both ends (migrate.reshard.execute verify=True; a
+    # mismatch anywhere fails every participant, so a committed move verified is bit-exact)
+    out.bit_exact = all(r.get("verified") for r in results.values())
+    la.db.finish_migration(mid, "succeeded", out.bytes_moved, None, out.bit_exact, phases, error=error,
                            fragmentation_after=la.db.fragmentation(la.job_id), at_step=out.at_step)
     out.ok, out.phases, out.nodes_after = error is None, phases, len(la.active)
     out.message = error or f"{out.from_layout} -> {out.to_layout}, {len(before)} -> {out.nodes_after} nodes " \
-                           f"(live, at step {out.at_step}, {time.perf_counter() - t0:.2f} s)"
+                           f"(live, at step {out.at_step}, {sum(r.get('units_verified', 0) for r in results.values())} " \
+                           f"pieces verified, {time.perf_counter() - t0:.2f} s)"
     for note in notes:
         out.message += "; " + note
     la.log(out.message)

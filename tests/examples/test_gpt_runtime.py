@@ -1,8 +1,10 @@
 """The reference GPT through the public runtime API (tests/examples/gpt_script.py, migrate.gpt_live's builder,
 manifest and step) on 2 nodes x 2 devices: tp2dp2, shrunk to one node (tp2dp1) and grown back, live; and with
-pipeline stages, pp2dp2 shrunk to tp2 (the second stage's layers move into TP shards) and back. Oracle: the
+pipeline stages, pp2dp2 shrunk to tp2 (the second stage's layers move into TP shards) and back, releasing old
+tensors early (--release-early). Oracle: the
 loss of every step equals the uninterrupted one-process reference trainer's (within 1e-5: TP and DP change
-the reduction order), every step once. Each migration reports what the reference worker's do (phases, the
+the reduction order), every step once, and every migration recorded bit-exact (the transferred pieces' digests
+compared at both ends). Each migration reports what the reference worker's do (phases, the
 step it applied at, every worker's marks for launcher.timeline) and keeps the process group whose members do
 not change: the shrink's migration world is the old training world, the grow's new training world is its
 migration world."""
@@ -24,14 +26,14 @@ from tests.launcher.test_faults import check_curve, read_losses
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("big, small", [("pp1tp2dp2", "pp1tp2dp1"), ("pp2tp1dp2", "pp1tp2dp1")])
+@pytest.mark.parametrize("big, small, early", [("pp1tp2dp2", "pp1tp2dp1", False), ("pp2tp1dp2", "pp1tp2dp1", True)])
 def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tmp_path: Path, big: str,
-                                                                              small: str) -> None:
+                                                                              small: str, early: bool) -> None:
     loss_file = tmp_path / "loss.txt"
     cmd = ["python", str(ROOT / "tests" / "examples" / "gpt_script.py"), "--steps", "18", "--loss-file",
            str(loss_file), "--step-sleep", "0.3"]
     opts = Options(1, 2, 2, [ParallelConfig.parse(x) for x in (big, small)], cmd, job_name="gpt", poll=0.05,
-                   ready_timeout=120, migrate_timeout=120)
+                   ready_timeout=120, migrate_timeout=120, release_early=early)
     store = Store(f"sqlite:///{tmp_path}/e.db")
     la = Launcher(opts, LocalNodes(2, 2, log_dir=tmp_path / "logs"), store)
     t0, todo = time.monotonic(), [(3, 1), (10, 2)]
@@ -52,6 +54,7 @@ def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tm
     assert [(m.status, m.from_layout, m.to_layout) for m in migs] == [("succeeded", big, small),
                                                                       ("succeeded", small, big)]
     assert migs[1].bytes_moved > 0
+    assert [m.bit_exact for m in migs] == [True, True]
     assert all(set(m.phases) == {"plan", "build_groups", "execute", "rebuild", "other"} for m in migs), migs
     shrink, grow = [o for o in la.outcomes if o.migration_id is not None]
     assert 3 <= shrink.at_step < grow.at_step, (shrink.at_step, grow.at_step)
