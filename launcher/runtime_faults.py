@@ -16,7 +16,8 @@ a poll of seeing the process end, so a RuntimeError waits up to `ABORT_WAIT_S` f
 Fault injection for tests (here and in launcher.worker): $ELASTIC_FAULT = "DEVICE:POINT[:N]", POINT one
 of `step` (SIGKILL in step N, after the gradients, before the commit vote), `round` (in a migration's
 transfer), `commit` (after a migration's transfer, before its commit vote), `committed` (right after
-the migration committed, before reporting).
+the migration committed, before reporting), `ckpt` (live mode only: inside the background write of the
+first safety checkpoint of a step >= N, after this rank's files, before the metadata; launcher.runtime_ckpt).
 """
 from __future__ import annotations
 

@@ -160,3 +160,24 @@ def test_reference_gpt_through_the_api_resumes_from_its_newest_background_checkp
     ref = reference_losses(8)
     for st, v, lay in rows:
         assert abs(v - ref[st - 1]) <= 1e-5 * abs(ref[st - 1]), (st, v, ref[st - 1], lay)
+
+
+def test_recovery_from_replicas_while_a_background_write_is_in_flight(tmp_path: Path) -> None:
+    # a checkpoint at every step (each waits for the one before), so step 4's write is most likely still going
+    # when device 3 dies in step 5 (before its vote): the survivors finish or drop it (its collective lost a
+    # member) before they move onto tp2dp1 from the replicas, and the checkpoints after it are whole
+    steps, dump = 9, tmp_path / "dump"
+    dump.mkdir()
+    rows = _launch(tmp_path, "examples/mixer_live.py", ["--steps", str(steps), "--dump-dir", str(dump)],
+                   ["--nnodes", "2", "--gpus-per-node", "2", "--layouts", "tp2dp2,tp2dp1", "--checkpoint-every", "1"],
+                   env={"ELASTIC_FAULT": "3:step:5"})
+    assert [r[0] for r in rows] == list(range(1, steps + 1)), rows  # every step once
+    assert [r[1] for r in rows] == ["pp1tp2dp2"] * 4 + ["pp1tp2dp1"] * (steps - 4), rows
+    store = Store(f"sqlite:///{tmp_path}/e.db")
+    (m,) = store.recent_migrations(store.find_job("ck").id, limit=10)
+    assert (m.trigger, m.status, m.at_step) == ("failure", "succeeded", 4), (m.trigger, m.status, m.at_step, m.error)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-8", "step-9"]
+    for s in (8, 9):
+        state, step, extras = _read_back(tmp_path / "ck" / f"step-{s}", tmp_path)
+        assert step == s and extras == {"data": {"samples": BATCH * s}}
+        _same(state, torch.load(dump / f"after-{s}.pt"), f"step-{s}")
