@@ -79,6 +79,23 @@ def _by_node(store, job_id: int) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _submit(testbed, tmp_path: Path, script: str, name: str):
+    """sbatch `script` (HET or PLAIN) on the testbed; returns (slurm, db url, loss file, Slurm job id,
+    store, job) once the launcher registered the job and recorded its first rank map."""
+    slurm = SlurmCommands(env=testbed.env())
+    url = f"sqlite:///{tmp_path}/e.db"
+    loss = tmp_path / "loss.txt"
+    job_id = slurm.submit(script.format(tmp=tmp_path, root=ROOT, launch=LAUNCH, url=url, worker=WORKER))
+    try:
+        store = wait("the job in the database", lambda: _open(url), timeout=60)
+        job = wait("job registered", lambda: store.find_job(name), timeout=60)
+        wait("first rank map", lambda: store.current_rank_map(job.id), timeout=60)
+    except BaseException:
+        _cleanup(testbed, slurm, [job_id], f"{name}-companion-1")
+        raise
+    return slurm, url, loss, job_id, store, job
+
+
 HET = """#!/bin/bash
 #SBATCH --job-name=elastic-het --output={tmp}/batch.out --chdir={tmp}
 #SBATCH --partition=gpu2 --nodes=2 --ntasks-per-node=2 --gres=gpu:2
@@ -90,18 +107,12 @@ exec {launch} --nnodes 2:3 --db {url} --log-dir {tmp}/logs -- {worker} --loss-fi
 
 
 def test_heterogeneous_job_shrinks_and_grows_each_component(uneven, tmp_path):
-    slurm = SlurmCommands(env=uneven.env())
-    url = f"sqlite:///{tmp_path}/e.db"
-    loss = tmp_path / "loss.txt"
-    job_id = slurm.submit(HET.format(tmp=tmp_path, root=ROOT, launch=LAUNCH, url=url, worker=WORKER))
     t0 = time.monotonic()
+    slurm, url, loss, job_id, store, job = _submit(uneven, tmp_path, HET, "elastic-het")
     try:
-        store = wait("the job in the database", lambda: _open(url), timeout=60)
-        job = wait("job registered", lambda: store.find_job("elastic-het"), timeout=60)
         alloc = slurm.allocation(job_id)
         lead, comp = alloc.components
         assert (lead.nodes, lead.gpus, comp.nodes, comp.gpus) == (("n3", "n4"), (2, 2), ("n1",), (4,))
-        wait("first rank map", lambda: store.current_rank_map(job.id), timeout=60)
         assert _by_node(store, job.id) == {"n3": (2, 0), "n4": (2, 0), "n1": (4, 1)}
         assert store.current_rank_map(job.id).layout == "pp4tp2dp1"
         _trains_on(loss, "pp4tp2dp1")
@@ -154,15 +165,9 @@ exec {launch} --nnodes 2:3 --db {url} --log-dir {tmp}/logs -- {worker} --loss-fi
 
 
 def test_plain_job_on_uneven_nodes_shrinks_and_grows(uneven, tmp_path):
-    slurm = SlurmCommands(env=uneven.env())
-    url = f"sqlite:///{tmp_path}/e.db"
-    loss = tmp_path / "loss.txt"
-    job_id = slurm.submit(PLAIN.format(tmp=tmp_path, root=ROOT, launch=LAUNCH, url=url, worker=WORKER))
+    slurm, url, loss, job_id, store, job = _submit(uneven, tmp_path, PLAIN, "elastic-uneven")
     try:
-        store = wait("the job in the database", lambda: _open(url), timeout=60)
-        job = wait("job registered", lambda: store.find_job("elastic-uneven"), timeout=60)
         assert slurm.allocation(job_id).gpus() == {"n1": 4, "n3": 2, "n4": 2}
-        wait("first rank map", lambda: store.current_rank_map(job.id), timeout=60)
         assert _by_node(store, job.id) == {"n1": (4, 0), "n3": (2, 0), "n4": (2, 0)}
         _trains_on(loss, "pp4tp2dp1")
 
