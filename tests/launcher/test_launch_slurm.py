@@ -18,7 +18,9 @@ pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def wait(what, fn, timeout=120.0, every=0.5):
+def wait(what, fn, timeout=120.0, every=0.2):
+    """Poll `fn` every `every` s until it returns something true (returned), else fail after `timeout` s.
+    (0.2 s, not 0.5: the Slurm tests wait ~35 times each run, and half a poll interval is lost per wait.)"""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = fn()

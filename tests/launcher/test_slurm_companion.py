@@ -147,7 +147,7 @@ def test_companion_that_cannot_start_is_cancelled_and_the_job_trains_on(slurm_te
     slurm = SlurmCommands(env=slurm_testbed.env())
     url = f"sqlite:///{tmp_path}/e.db"
     loss = tmp_path / "loss.txt"
-    job_id = slurm.submit(_script(tmp_path, "elastic-cb", url, loss, 8))
+    job_id = slurm.submit(_script(tmp_path, "elastic-cb", url, loss, 3))  # waited out: keep it short
     blocker = None
     try:
         store = wait("the job in the database", lambda: _open(url), timeout=60)
@@ -160,7 +160,7 @@ def test_companion_that_cannot_start_is_cancelled_and_the_job_trains_on(slurm_te
         assert elastic(["resize", "elastic-cb", "--nodes", "4", "--db", url]) == 0
         req = _done(store, job.id, 1, timeout=60)
         assert req.status == "failed"
-        found = re.search(r"companion job (\d+) did not start within 8 s", req.message or "")
+        found = re.search(r"companion job (\d+) did not start within 3 s", req.message or "")
         assert found, req.message
         comp = int(found.group(1))
         wait("the companion job cancelled", lambda: _gone(slurm, comp), timeout=30)
@@ -174,7 +174,7 @@ def test_companion_that_cannot_start_is_cancelled_and_the_job_trains_on(slurm_te
         assert elastic(["history", "--db", url, "--json"]) == 0
         (h,) = json.loads(capsys.readouterr().out)
         assert h["status"] == "failed" and h["trigger"] == "resize"
-        assert f"companion job {comp} did not start within 8 s" in h["error"]
+        assert f"companion job {comp} did not start within 3 s" in h["error"]
     finally:
         _cleanup(slurm_testbed, slurm, [job_id, blocker], "elastic-cb-companion-1")
 
