@@ -14,7 +14,10 @@ layout's neighbouring stages, TP inside the stage, the DP gradient sum) on the r
 applies it with the job's optimizer, so every layout computes what one process computes.
 
 What `python -m launcher.worker` needs on top (issue 9, not done): its loop on `runtime.join` /
-`job.next_step()` with this builder, manifest and step, and the launcher running it as a live-mode job.
+`job.next_step()` with this builder, manifest and step (tests/examples/gpt_script.py is that loop), the
+launcher checking the layouts against the ModelSpec for such a job (runtime_moves.choose knows no model),
+the tests that run the reference worker adapted (bit_exact, phases, $ELASTIC_FAULT points, suspend),
+`elastic bench` / `elastic demo` through it, and the worker-only path deleted.
 """
 from __future__ import annotations
 
