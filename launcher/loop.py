@@ -72,6 +72,7 @@ class Launcher:
         self.epoch_base = 0  # database epochs of a resumed job continue after its earlier ones
         self.loss_step = 0  # the last step whose loss is in the database
         self.restarts = None  # launcher.restart.RestartMode while the job runs in restart mode
+        self.restores = 0  # live mode: checkpoint restores after failures so far (count against --max-restarts)
         self.deciding = False  # auto mode: restart mode until the workers join through launcher.runtime
         self.generic = False  # live mode through launcher.runtime (a model only the workers know)
         self.last_step = 0  # the last finished step recorded in the database
@@ -498,7 +499,13 @@ class Launcher:
             return Transaction(self, "failure").refuse("no node left")
         if self.opts.checkpoint_every and self._state_lost(failed):
             found = C.latest_checkpoint(self.ckpt_dir)
+            if found and self.restores >= self.opts.max_restarts:
+                return Transaction(self, "failure").refuse(
+                    f"workers {sorted(dead)} kept failing: --max-restarts {self.opts.max_restarts} is used up by "
+                    f"restores from the safety checkpoint; raise --max-restarts or fix the worker, then resume "
+                    f"from {found[0]} with `elastic-launch --resume`")
             if found:
+                self.restores += 1
                 return self.restore(keep, *found)
             self.log(f"no complete safety checkpoint in {self.ckpt_dir} yet")
         return self.migrate_to(keep, "failure", failed=failed)

@@ -146,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--term-timeout", type=float, default=30.0, metavar="S",
                    help="restart mode: seconds workers have after SIGTERM before SIGKILL (default 30)")
     p.add_argument("--max-restarts", type=int, default=3, metavar="N",
-                   help="restart mode: worker failures the job restarts from before it fails (default 3)")
+                   help="worker failures the job restarts from before it fails (torchrun's meaning): restart mode's "
+                        "restarts, and live mode's restores from a safety checkpoint (a failure no DP replica "
+                        "covers; recovering from a replica does not count) (default 3)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the srun and scontrol commands it would run and exit; starts and writes nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",

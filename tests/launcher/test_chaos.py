@@ -41,7 +41,8 @@ def _run(tmp_path, monkeypatch, count: int, every: int = 4) -> None:
     stop_at = every * (count + 1)
     rc, la, store, loss_file, took = run_job(
         tmp_path, monkeypatch, nodes=2, gpn=2, layouts="pp2dp2,pp2,pp1", stop_at=stop_at, max_s=120 + 120 * count,
-        options={"placement": "resilient", "checkpoint_every": 2}, script=script)
+        options={"placement": "resilient", "checkpoint_every": 2, "max_restarts": count},  # each kill may restore
+        script=script)
     assert rc == 0, (seed, kills, [o.message for o in la.outcomes])
     job = store.find_job("t")
     migs = sorted(store.recent_migrations(job.id, limit=100), key=lambda m: m.id)
