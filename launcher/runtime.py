@@ -260,7 +260,7 @@ class Job:
                 self.step = self._committed = self._saved = runtime_ckpt.load(
                     path, _state_views(self.model, self.optimizer), self._my_manifest(), self.layout.dp_tp_mesh,
                     self.extras)
-            except Exception as exc:
+            except runtime_ckpt.failures() as exc:
                 self.ctl.set_result(ev["epoch"], self.device, {"ok": False, "error": f"device {self.device}: "
                                     f"loading {path} failed: {type(exc).__name__}: {exc}", "phases": {}})
                 raise
@@ -292,7 +292,7 @@ class Job:
             path = self._save_checkpoint()
             result.update(ok=True, path=path, phases={"other": time.perf_counter() - t0})
             self.log(f"suspended: state of step {self.step} written to {path}")
-        except Exception as exc:
+        except runtime_ckpt.failures() as exc:
             result["error"] = f"device {self.device}: checkpoint of step {self.step} failed: {type(exc).__name__}: {exc}"
             self.log(result["error"])
         self.ctl.set_result(ev["epoch"], self.device, result)  # the launcher reads the folder once all reported

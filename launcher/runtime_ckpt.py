@@ -30,6 +30,15 @@ from launcher.runtime_faults import die_at
 WRITE_TIMEOUT_S = 300.0
 
 
+def failures() -> tuple[type[BaseException], ...]:
+    """What a failed checkpoint save or load raises: DCP's CheckpointException derives from BaseException,
+    not Exception, so `except Exception` lets it end the script (a peer dying during a background write
+    then killed every survivor instead of dropping that write)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
 def _pieces(local: Mapping[str, object], manifest, mesh, copy: bool = False) -> dict:
     """FQN -> DTensor over `mesh` (dims dp, tp) wrapping this rank's local tensor (no copy), or with
     copy=True a copy of it in host memory that training may not change (a background write's input)."""
@@ -130,7 +139,7 @@ class Safety:
         self.pending = None
         try:
             fut.result(timeout=timeout)
-        except Exception as exc:  # noqa: BLE001 -- any failure drops this checkpoint, the one before stays
+        except failures() as exc:  # any failure drops this checkpoint, the one before stays
             self.log(f"safety checkpoint of step {step} dropped: {type(exc).__name__}: {str(exc)[:200]}")
             return None
         if not publisher:

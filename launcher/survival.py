@@ -13,6 +13,9 @@ from dataclasses import dataclass
 DEFAULT_CHECKPOINT_EVERY = 100
 # node choices auto_checkpoint_every checks at most before it answers the safe way (checkpoints on)
 MAX_CHOICES = 20_000
+#: past this many nodes the node choices are not enumerated (their recursion is as deep as the node count)
+#: and the answer is the safe one, a checkpoint
+MAX_NODES_CHECKED = 512
 
 
 @dataclass(frozen=True)
@@ -90,10 +93,13 @@ def auto_checkpoint_every(min_nodes: int, max_nodes: int, gpus_per_node: int | S
 
     `gpus_per_node`: one count (nodes alike) or each node's GPUs in allocation order (uneven nodes;
     nodes beyond the list count as its last). On uneven nodes every choice of n nodes is checked with
-    the node sizes it has (node_choices); past MAX_CHOICES the answer is the safe one (checkpoint)."""
+    the node sizes it has (node_choices); past MAX_CHOICES choices or MAX_NODES_CHECKED nodes the answer
+    is the safe one (checkpoint)."""
     from launcher.policy import choose_layout, tp_fit
     from migrate.layout import LayoutError
 
+    if max_nodes > MAX_NODES_CHECKED:
+        return DEFAULT_CHECKPOINT_EVERY
     sizes = [gpus_per_node] * max_nodes if isinstance(gpus_per_node, int) else list(gpus_per_node)
     sizes += sizes[-1:] * (max_nodes - len(sizes))
     fit = tp_fit(sizes)

@@ -50,3 +50,23 @@ def test_publishing_a_step_again_replaces_it(tmp_path: Path) -> None:
     C.finalize_checkpoint(tmp_path, 4, keep_previous=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-4"]
     assert sorted(p.name for p in (tmp_path / "step-4").iterdir()) == [".metadata", "__0_0.distcp"]
+
+
+def test_a_background_write_that_dcp_failed_is_dropped_not_raised(tmp_path: Path) -> None:
+    # DCP reports a save that lost a peer with CheckpointException, a BaseException: settling it must drop
+    # that checkpoint and let training recover, not end the script (seen in CI: every survivor died)
+    from concurrent.futures import Future
+
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+    from launcher.runtime_ckpt import Safety
+
+    _folder(tmp_path, "step-4")
+    logged: list[str] = []
+    safety = Safety(str(tmp_path), logged.append)
+    fut: Future = Future()
+    fut.set_exception(CheckpointException("reduce_scatter failed", {2: _wrap_exception(RuntimeError("Connection closed by peer"))}))
+    safety.pending = (fut, 6, True)
+    assert safety.settle() is None and safety.pending is None
+    assert any("step 6 dropped: CheckpointException" in line for line in logged), logged
+    assert C.latest_checkpoint(tmp_path) == (str(tmp_path / "step-4"), 4)

@@ -38,6 +38,14 @@ def test_default_checkpoints_only_where_a_node_loss_would_cost_the_job() -> None
     assert auto_checkpoint_every(2, 2, 2, [ParallelConfig.parse("pp4")], None, "resilient") == DEFAULT_CHECKPOINT_EVERY
 
 
+def test_a_huge_node_range_gets_the_safe_answer_at_once() -> None:
+    # `--nnodes 1:9999999` (the command-line fuzz found it): enumerating node choices recursed as deep as the
+    # node count (RecursionError); past MAX_NODES_CHECKED the answer is a checkpoint, without enumerating
+    layouts = [ParallelConfig.parse("pp1dp2")]
+    assert auto_checkpoint_every(2, 9_999_999, 1, layouts, None, "resilient") == DEFAULT_CHECKPOINT_EVERY
+    assert auto_checkpoint_every(2, 4, 1, layouts, None, "resilient") == 0  # few nodes: the real answer
+
+
 def test_placement_choices_are_the_planners() -> None:
     from launcher.options import PLACEMENTS
     from migrate.allocator import PLACEMENTS as PLANNER
