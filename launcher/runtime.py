@@ -112,6 +112,7 @@ class Job:
         self.ckpt_every = int(os.environ.get(C.ENV_CKPT_EVERY, "0") or 0) if self.ckpt_dir else 0
         self._saved = -1  # the last step a safety checkpoint was written at
         self._prepared: dict[int, dict] = {}  # event -> new local tensors allocated ahead of that reshard
+        self._plans: dict[int, tuple] = {}  # event -> this process's plan of that reshard (the latest only)
         self.fault = runtime_faults.fault_for(device)  # $ELASTIC_FAULT (tests)
         self.safety = runtime_ckpt.Safety(self.ckpt_dir, self.log, self.fault)  # background safety checkpoints
 
@@ -403,7 +404,13 @@ class Job:
     def _plan_reshard(self, ev: dict) -> tuple:
         """This process's view of reshard event `ev` (pure): the surviving old ranks, its old and new rank
         (None: none), the old and new layouts' manifests (a failed rank's empty), which old rank each new
-        rank already is (same process), and every transfer (migrate.reshard.plan_transfers)."""
+        rank already is (same process), and every transfer (migrate.reshard.plan_transfers). Planned once per
+        event: _prepare plans ahead while the old layout trains, and the reshard reuses it inside the pause."""
+        if ev["epoch"] not in self._plans:
+            self._plans = {ev["epoch"]: self._plan_reshard_now(ev)}
+        return self._plans[ev["epoch"]]
+
+    def _plan_reshard_now(self, ev: dict) -> tuple:
         from migrate.manifest import Manifest
         from migrate.reshard import plan_transfers
 
