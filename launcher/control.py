@@ -49,8 +49,6 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 
-import torch.distributed as dist
-
 ENV_STORE = "ELASTIC_STORE"  # host:port of the control plane
 ENV_DEVICE = "ELASTIC_DEVICE"  # this worker's device id (local backend)
 ENV_NODE_INDEX = "ELASTIC_NODE_INDEX"  # index of this worker's node in the job topology (Slurm steps)
@@ -125,6 +123,8 @@ class Control:
     """One connection to the control-plane store (the launcher's is the server)."""
 
     def __init__(self, host: str, port: int, *, server: bool = False, timeout_s: float = 300.0) -> None:
+        import torch.distributed as dist  # here, not at module load: ~1.5 s that `elastic-launch --help` and
+        # its usage errors, and every module that only needs this file's key names, need not pay
         self.host, self.port = host, port
         self.store = dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
                                    timeout=timedelta(seconds=timeout_s))
@@ -333,6 +333,8 @@ class Control:
         takes from 0.05 s to 0.5 s on this machine to form, inside the pause). Only a caller that
         knows the group is healthy says so: after a migration committed in it, or a training
         world whose steps commit; a group whose sockets were cut is never kept."""
+        import torch.distributed as dist
+
         self.device = device
         self.mark(f"join {name}")
         rank = members.index(device)

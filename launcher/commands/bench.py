@@ -11,11 +11,27 @@ from pathlib import Path
 from launcher.errors import UsageError
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from migrate.bench import PAPER_SCENARIOS
+class _ScenarioNames:
+    """The paper's scenario names as argparse `choices`, looked up only when a `--scenario` is given or the
+    help is printed: migrate.bench imports torch and scipy (~2 s), which every other `elastic` command would
+    pay while `elastic`'s parser is built."""
 
-    p.add_argument("--scenario", action="append", choices=sorted(PAPER_SCENARIOS), metavar="NAME",
-                   help=f"run only this scenario (repeatable): {', '.join(PAPER_SCENARIOS)}")
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+    @staticmethod
+    def _names() -> list[str]:
+        from migrate.bench import PAPER_SCENARIOS
+
+        return list(PAPER_SCENARIOS)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", action="append", choices=_ScenarioNames(), metavar="NAME",
+                   help="run only this scenario (repeatable): %(choices)s")
     p.add_argument("--layers", type=int, default=48, help="transformer layers (default 48; must divide by 16 and 6)")
     p.add_argument("--hidden", type=int, default=None,
                    help="hidden size, 8 heads (default: the largest of 512, 384, 256, 128 whose every scenario "
