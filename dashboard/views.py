@@ -14,7 +14,7 @@ from dashboard.deps import is_htmx, store
 from dashboard.survival import survival_of
 from db.exports import RANK_MAP_COLUMNS, rank_map_rows, write_csv
 from db.filters import MAX_LIMIT, parse_history_filters, parse_int
-from db.store import HISTORY_COLUMNS
+from db.store import HISTORY_COLUMNS, migration_notes
 from db.vocab import JOB_STATES, MAX_NAME, MIGRATION_STATUSES, MIGRATION_TRIGGERS, SLA_TIERS
 
 bp = Blueprint("views", __name__)
@@ -86,7 +86,7 @@ def rank_maps(job_id: int) -> Response:
 @bp.get("/migrations/<int:mid>")
 def migration(mid: int) -> str:
     m = store().get_migration(mid) or abort(404, description=f"no migration {mid}")
-    return render_template("migration.html", m=m, phases=charts.phase_chart(m.phases),
+    return render_template("migration.html", m=m, notes=migration_notes(m), phases=charts.phase_chart(m.phases),
                            bytes=charts.bytes_chart(m.bytes_moved, m.bytes_checkpoint), human_bytes=charts.human_bytes)
 
 

@@ -26,7 +26,10 @@ def rank_map_rows(maps: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def csv_cell(value: Any) -> Any:
-    """The value as a CSV cell that no spreadsheet will evaluate."""
+    """The value as a CSV cell that no spreadsheet will evaluate; a list (a migration's notes) is one
+    cell, its items joined by "; "."""
+    if isinstance(value, (list, tuple)):
+        value = "; ".join(map(str, value))
     if isinstance(value, str) and value.startswith(FORMULA_STARTS):
         return "'" + value
     return value

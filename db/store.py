@@ -36,7 +36,7 @@ from db.vocab import (
 HISTORY_COLUMNS = (
     "id", "job_id", "job_name", "kind", "trigger", "status", "from_layout", "to_layout", "started_at",
     "finished_at", "duration_s", "pause_s", *(f"{p}_s" for p in PHASES), "bytes_moved", "bytes_checkpoint",
-    "bit_exact", "error",
+    "bit_exact", "error", "notes",
 )
 
 
@@ -92,6 +92,13 @@ def _migration(row: MigrationRow, job_name: str) -> Migration:
     )
 
 
+def migration_notes(m: Migration) -> list[str]:
+    """What happened besides the plan, one line each (the planner's notes, then the launcher's: workers
+    SIGKILLed after --term-timeout, which component gave nodes back, ...): kept in the plan summary's
+    `notes` (Store.add_migration_notes), shown by `elastic history` and the dashboard."""
+    return [str(n) for n in m.plan_summary.get("notes") or ()]
+
+
 def _history_row(m: Migration) -> dict[str, Any]:
     """A flat, JSON/CSV-ready row; the same shape for the CLI and the dashboard."""
     return {
@@ -102,7 +109,7 @@ def _history_row(m: Migration) -> dict[str, Any]:
         "pause_s": round(m.pause_s, 3) if m.pause_s is not None else None,
         **{f"{p}_s": round(m.phases[p], 3) if p in m.phases else None for p in PHASES},
         "bytes_moved": m.bytes_moved, "bytes_checkpoint": m.bytes_checkpoint, "bit_exact": m.bit_exact,
-        "error": m.error,
+        "error": m.error, "notes": migration_notes(m),
     }
 
 

@@ -55,7 +55,21 @@ def _table(rows: list[dict[str, Any]]) -> str:
              human_bytes(r["bytes_moved"]), human_bytes(r["bytes_checkpoint"]),
              {True: "bit-exact", False: "MISMATCH", None: "-"}[r["bit_exact"]]] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(header, *body)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *body])
+    out = []
+    for i, line in enumerate([header, *body]):
+        out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+        if i:
+            out += [f"    {text}" for text in _below(rows[i - 1])]
+    return "\n".join(out)
+
+
+def _below(row: dict[str, Any]) -> list[str]:
+    """The lines printed under a migration's row: why it failed or was declined, then its notes."""
+    lines = []
+    if row["error"]:
+        label = "declined" if row["status"] == "declined" else "error"
+        lines.append(row["error"] if row["error"].startswith(label + ":") else f"{label}: {row['error']}")
+    return lines + [f"note: {n}" for n in row.get("notes") or ()]
 
 
 def _rank_map_table(rows: list[dict[str, Any]]) -> str:

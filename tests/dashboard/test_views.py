@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from typing import Any
 
 import pytest
@@ -71,13 +72,36 @@ def test_migration_page(viewer: Any) -> None:
     assert viewer.get("/migrations/42").status_code == 404
 
 
+def test_migration_page_and_history_show_notes_and_why_declined(viewer: Any, store: Store) -> None:
+    """The launcher's notes (workers SIGKILLed after --term-timeout, a component giving nodes back) and a
+    decline's reason are on the migration page and in the history table, each note as its own item."""
+    killed = "workers on n2 did not exit within --term-timeout 5 s of SIGTERM; killed"
+    released = "component 1 (Slurm job 20): n4 released (scontrol update)"
+    mid = store.start_migration(1, "pp2tp2dp1", "pp2tp2dp2", "resize", {"restart": 1}, {}, kind="restart")
+    store.add_migration_notes(mid, [killed, released])
+    store.finish_migration(mid, "succeeded", None, None, None, {"stop": 5.2})
+    grow = store.start_migration(1, "pp2tp2dp1", "pp2tp2dp2", "resize", {}, {})
+    store.finish_migration(grow, "declined", None, None, None, {}, error="training ended first")
+    page = viewer.get(f"/migrations/{mid}").text
+    notes = page.split('id="notes"', 1)[1].split("</div>", 1)[0]
+    assert re.findall(r"<li>([^<]*)</li>", notes) == [killed, released]
+    assert "[&#39;" not in page and "restart" in page.split('id="plan"', 1)[1]  # not as a Python list
+    assert "Declined: training ended first" in viewer.get(f"/migrations/{grow}").text
+    assert "nothing happened besides the plan" in viewer.get("/migrations/1").text
+    table = viewer.get("/history?job=llama").text
+    cells = re.findall(r'<td class="notes">(.*?)</td>', table, re.S)
+    assert len(cells) == 3 and "training ended first" in cells[0] and cells[2] == "–"
+    assert re.findall(r"<li>([^<]*)</li>", cells[1]) == [killed, released]
+
+
 def test_history_page_partial_and_exports(viewer: Any, store: Store) -> None:
     page = viewer.get("/history?trigger=resize")
     assert page.status_code == 200 and "1 migration " in page.text
     part = viewer.get("/history?status=failed", headers={"HX-Request": "true"})
     assert part.text.startswith('<div id="history-table"') and "No migrations match" in part.text
     rows = list(csv.DictReader(io.StringIO(viewer.get("/history?format=csv&job=llama").text)))
-    assert rows == [{k: "" if v is None else str(v) for k, v in r.items()} for r in store.history(job="llama")]
+    assert rows == [{k: "" if v is None else "; ".join(v) if isinstance(v, list) else str(v) for k, v in r.items()}
+                    for r in store.history(job="llama")]
     assert viewer.get("/history?format=json&since=2024-05-01").get_json() == store.history(since=None)
 
 

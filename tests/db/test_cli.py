@@ -33,6 +33,39 @@ def test_history_table_json_csv(url: str, capsys: pytest.CaptureFixture[str]) ->
     assert json.loads(capsys.readouterr().out) == []
 
 
+KILLED = "workers on node1 did not exit within --term-timeout 5 s of SIGTERM; killed"
+RELEASED = "component 1 (Slurm job 20): n4 released (scontrol update)"
+DECLINED = "declined: training ended (the workers finished their last step, step 40) before the grow"
+
+
+def test_history_shows_each_migrations_notes_and_why_it_was_declined(url: str,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """What happened besides the plan (the launcher's notes: workers SIGKILLed after --term-timeout, a
+    component giving nodes back) and a decline's reason reach every format of `elastic history`."""
+    store = Store(url)
+    restart = store.start_migration(1, "pp2tp2dp1", "pp2tp2dp2", "resize", {"restart": 1},
+                                    store.fragmentation(1), kind="restart")
+    store.add_migration_notes(restart, [KILLED])
+    store.add_migration_notes(restart, [RELEASED])
+    store.finish_migration(restart, "succeeded", None, None, None, {"stop": 5.2})
+    grow = store.start_migration(1, "pp2tp2dp1", "pp2tp2dp2", "resize", {}, store.fragmentation(1))
+    store.finish_migration(grow, "declined", None, None, None, {}, error=DECLINED)
+    store.close()
+    assert main(["history", "--db", url, "--job", "llama"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: i for i, line in enumerate(lines) if line[:1].isdigit()}
+    assert lines[rows[str(restart)] + 1:rows[str(restart)] + 3] == [f"    note: {KILLED}", f"    note: {RELEASED}"]
+    assert lines[rows[str(grow)] + 1] == f"    {DECLINED}" and rows[str(grow)] + 2 in rows.values()
+    assert main(["history", "--db", url, "--json", "--job", "llama"]) == 0
+    by_id = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (by_id[restart]["notes"], by_id[grow]["notes"], by_id[1]["notes"]) == ([KILLED, RELEASED], [], [])
+    assert (by_id[grow]["status"], by_id[grow]["error"]) == ("declined", DECLINED)
+    assert main(["history", "--db", url, "--csv", "--job", "llama"]) == 0
+    cells = {r["id"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert (cells[str(restart)]["notes"], cells[str(grow)]["notes"]) == (f"{KILLED}; {RELEASED}", "")
+    assert cells[str(grow)]["error"] == DECLINED
+
+
 @pytest.mark.parametrize("args", [["--since", "last tuesday"], ["--status", "ok"], ["--trigger", "x"],
                                   ["--limit", "0"], ["--json", "--csv"]])
 def test_history_bad_values_exit_2(url: str, args: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -103,7 +103,7 @@ def test_sigterm_to_the_launcher_stops_the_job_and_its_workers(tmp_path: Path) -
         assert not Path(f"/proc/{p.name}").exists()
 
 
-def test_a_restart_that_had_to_kill_says_so_in_its_history(tmp_path: Path) -> None:
+def test_a_restart_that_had_to_kill_says_so_in_its_history(tmp_path: Path, capsys) -> None:
     """Workers of the first world ignore SIGTERM: after --term-timeout the launcher kills them, and the
     restart's history says so (such a pause is the timeout's, not the script's)."""
     url = f"sqlite:///{tmp_path}/e.db"
@@ -140,3 +140,7 @@ def test_a_restart_that_had_to_kill_says_so_in_its_history(tmp_path: Path) -> No
     assert mig.plan_summary["notes"][0] == ("workers on node0,node1 did not exit within --term-timeout 1 s of "
                                             "SIGTERM; killed")
     assert "did not exit within --term-timeout 1 s" in store.list_requests(store.find_job("deaf").id)[0].message
+    capsys.readouterr()
+    assert elastic(["history", "--db", url, "--job", "deaf"]) == 0  # the user's view of it: a line under the row
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "    note: workers on node0,node1 did not exit within --term-timeout 1 s of SIGTERM; killed", lines
