@@ -147,6 +147,8 @@ class ClusterView:
     fragmentation: Fragmentation
     shrink: tuple[ShrinkGain, ...]
     jobs: Mapping[str, str] = field(default_factory=dict)  # job key -> label for the legend
+    # elastic job id -> the Slurm jobs holding its nodes, as Slurm listed them (none on the local view)
+    holders: Mapping[int, tuple[Holder, ...]] = field(default_factory=dict)
 
     @property
     def gpus_per_node(self) -> int:
@@ -199,13 +201,14 @@ def shrink_gains(nodes: Sequence[NodeView], jobs: Sequence[ElasticJob],
 def job_holders(job: ElasticJob, held: Sequence[str]) -> list[Holder]:
     """The Slurm jobs holding `held`, as far as our database knows without Slurm: a heterogeneous job's
     components (component 0, the leader, has the pinned batch node; another component's batch host is
-    taken to be its first node, where Slurm runs it), else one plain job with the pinned batch node."""
+    taken to be its first node, where Slurm runs it), else one plain job with the pinned batch node. Their
+    Slurm job ids are not known here: 0, which the notes leave out."""
     if not job.heterogeneous:
         return [Holder(0, JOB, tuple(held), job.pinned_node)]
     comps: dict[int, list[str]] = {}
     for n in held:
         comps.setdefault(job.component_of(n), []).append(n)
-    return [Holder(c, LEADER if c == 0 else COMPONENT, tuple(ns), job.pinned_node if c == 0 else _natural(ns)[0],
+    return [Holder(0, LEADER if c == 0 else COMPONENT, tuple(ns), job.pinned_node if c == 0 else _natural(ns)[0],
                    component=c) for c, ns in sorted(comps.items())]
 
 
@@ -293,7 +296,7 @@ def build_from_slurm(snapshot, jobs: Sequence[ElasticJob], partitions: Iterable[
                               n.partitions, n.reason, tuple(marks.get(n.name, ()))))
     elastic_here = [j for j in jobs if any(g.elastic_id == j.id for v in views for g in v.gpus)]
     return ClusterView("slurm", tuple(views), fragmentation(views), tuple(shrink_gains(views, elastic_here, holders)),
-                       labels)
+                       labels, {k: tuple(v) for k, v in holders.items()})
 
 
 def build_local(jobs: Sequence[ElasticJob], failed_nodes: Iterable[str] = ()) -> ClusterView:

@@ -1,13 +1,20 @@
 """Dry run of a preempt picked on the cluster view: which elastic jobs would migrate off the picked
 nodes, to which layout, and how many bytes the planner would move. It calls the planner
 (migrate.plan, pure: no processes) on what the launcher recorded (the job's launch spec: model, node
-range, layout per size), never the launcher itself, and changes nothing."""
+range, layout per size), never the launcher itself, and changes nothing.
+
+The nodes it says a preempt releases are those Slurm would take back: the launcher gives them back
+through launcher.backends.slurm_holdings.plan_release, and so does the preview, over the Slurm jobs
+holding the job's nodes (as Slurm lists them, else as the database's het-job components say), so a
+node of a heterogeneous job's leader component, which Slurm cannot resize, is shown as staying
+allocated, idle, with the reason -- as /cluster's "shrink to MIN" panel shows it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from dashboard.cluster import ClusterView, ElasticJob
+from dashboard.cluster import ClusterView, ElasticJob, job_holders
+from launcher.backends.slurm_holdings import Holder, plan_release
 
 
 @dataclass(frozen=True)
@@ -20,7 +27,9 @@ class JobPreview:
     to_layout: str = ""
     bytes_moved: int | None = None
     bytes_checkpoint: int | None = None
-    nodes_released: tuple[str, ...] = ()
+    nodes_released: tuple[str, ...] = ()  # picked nodes Slurm would take back
+    stays: tuple[str, ...] = ()  # picked nodes left without ranks that Slurm would not take back (allocated, idle)
+    notes: tuple[str, ...] = ()  # why, per Slurm job or component (the launcher's own release notes)
     refused: str = ""  # why it cannot go (the request validation's reason, no layout, no plan), "" if it can
 
 
@@ -37,10 +46,13 @@ def job_nodes(job: ElasticJob) -> list[str]:
 
 
 def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str],
-                validate: Callable[[ElasticJob, list[str]], str | None]) -> JobPreview:
+                validate: Callable[[ElasticJob, list[str]], str | None],
+                holders: Sequence[Holder] | None = None) -> JobPreview:
     """What preempting `picked` would do to one job. `validate(job, leaving)` is the admin-request
     validation the confirm goes through (db.requests): its refusal, if any, is the preview's; then
-    the layout the job's policy picks for the devices left, and the planner's plan for it."""
+    the layout the job's policy picks for the devices left, the planner's plan for it, and what
+    Slurm would take back of the nodes it leaves (`holders`: the Slurm jobs holding the job's nodes;
+    default: dashboard.cluster.job_holders, from the database)."""
     from migrate.layout import LayoutError, ModelSpec, ParallelConfig
     from migrate.plan import plan
     from migrate.topology import Device, RankMap, Topology
@@ -71,8 +83,21 @@ def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str
         p = plan(ModelSpec(**spec["model"]), prev, ParallelConfig.parse(target), topo)
     except (LayoutError, KeyError) as exc:
         return refuse(f"the planner cannot plan it: {exc}")
+    stays, notes = slurm_keeps(job, leaving, holders)
     return JobPreview(job.id, job.name, leaving, keep, job.layout, str(p.curr.layout), p.bytes_moved,
-                      p.bytes_checkpoint, p.nodes_released)
+                      p.bytes_checkpoint, tuple(n for n in p.nodes_released if n not in stays),
+                      tuple(n for n in leaving if n in stays), notes)
+
+
+def slurm_keeps(job: ElasticJob, leaving: Sequence[str], holders: Sequence[Holder] | None) -> tuple[set[str], tuple[str, ...]]:
+    """(nodes of `leaving` Slurm would not take back, the release notes): the launcher's release after the
+    move (launcher.transaction.release_departed) keeps every held node but those left, and nodes held
+    without ranks are already idle."""
+    held = list(dict.fromkeys([*job.held_nodes, *job_nodes(job)]))
+    ranked = set(job_nodes(job))
+    hs = list(holders) if holders else job_holders(job, held)
+    plan = plan_release(hs, [n for n in held if n not in leaving], frozenset(n for n in held if n not in ranked))
+    return set(plan.idle) & set(leaving), plan.notes
 
 
 def preview(view: ClusterView, jobs: Sequence[ElasticJob], specs: Mapping[int, Mapping[str, Any] | None],
@@ -86,7 +111,8 @@ def preview(view: ClusterView, jobs: Sequence[ElasticJob], specs: Mapping[int, M
     if not picked:
         raise ValueError("pick at least one node")
     chosen = set(picked)
-    previews = tuple(preview_job(j, specs.get(j.id), chosen, validate) for j in jobs if chosen & set(job_nodes(j)))
+    previews = tuple(preview_job(j, specs.get(j.id), chosen, validate, view.holders.get(j.id))
+                     for j in jobs if chosen & set(job_nodes(j)))
     others = tuple(dict.fromkeys((n.name, g.job, g.job_name) for n in view.nodes if n.name in chosen
                                  for g in n.gpus if g.kind == "job"))
     return Preview(tuple(n for n in (x.name for x in view.nodes) if n in chosen), previews, others)

@@ -47,9 +47,9 @@ class Holder:
     def label(self) -> str:
         if self.kind == COMPANION:
             return f"companion job {self.job_id}"
-        if self.component is not None:
-            return f"component {self.component} (Slurm job {self.job_id})"
-        return f"Slurm job {self.job_id}"
+        if self.component is not None:  # job id 0: not known (the dashboard's view without Slurm)
+            return f"component {self.component}" + (f" (Slurm job {self.job_id})" if self.job_id else "")
+        return f"Slurm job {self.job_id}" if self.job_id else "the job"
 
 
 def holder_of(holders: Sequence[Holder], node: str) -> Holder | None:

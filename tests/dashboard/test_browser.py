@@ -191,3 +191,32 @@ def test_uneven_nodes_drawn_to_their_width_with_component_marks(page: Any, serve
     assert [row.locator(f"td.{c}").inner_text() for c in ("released", "gpus-freed")] == ["b1, b2", "4"]
     assert row.locator("td.stays").inner_text().startswith("a2")
     assert violations == []
+
+
+def test_cluster_preempt_dry_run_says_a_leader_component_node_stays(page: Any, server: str, db_url: str,
+                                                                    tmp_path: Path) -> None:
+    """In Chromium: /cluster's preempt dry run of a2, a node of the heterogeneous job's leader component
+    (which Slurm 22.05 cannot resize, README), says the ranks leave it but it stays allocated, idle, and
+    releases nothing; b2 (component 1, which shrinks) is released."""
+    from tests.dashboard.test_hetjob_grid import HET_SPEC
+
+    store = Store(db_url)
+    job = seed_hetjob(store)
+    store.set_launch_spec(job, HET_SPEC)
+    store.close()
+    _login(page, server, "admin")
+    page.goto(f"{server}/cluster")
+    for picked, released, stays in (("a2", None, "a2"), ("b2", "b2", None)):
+        for box in page.locator("#preempt-pick input[name=node]").all():
+            box.set_checked(box.get_attribute("value") == picked)
+        page.click("#preempt-pick button[name=preview]")
+        plan = page.locator(f'#preempt-plan[data-nodes="{picked}"] .preview-job[data-elastic-job="{job}"]')
+        plan.wait_for()
+        text = plan.inner_text()
+        assert plan.get_attribute("data-refused") == "no" and "pp2tp2dp3 →" in text, text
+        assert [x.inner_text() for x in plan.locator(".released").all()] == ([released] if released else []), text
+        assert [x.inner_text() for x in plan.locator(".stays").all()] == ([stays] if stays else []), text
+        if stays:
+            assert f"{stays} stays allocated, idle" in text and "releases" not in text, text
+            assert "cannot resize a heterogeneous job's leader component" in plan.locator(".release-notes").inner_text()
+        _shot(page, f"preempt-dry-run-{picked}.png", tmp_path)

@@ -46,7 +46,7 @@ def test_dry_run_shows_the_plan_and_confirm_is_the_job_pages_preempt(two_node_ap
     html = resp.text
     assert 'data-elastic-job="1" data-refused="no"' in html and "pp2tp1dp2 → pp2tp1dp1" in html
     moved = int(re.search(r'data-bytes="(\d+)"', html).group(1))
-    assert moved > 0 and "releases n2" in html
+    assert moved > 0 and 'releases <span class="released">n2</span>' in html and 'class="stays"' not in html
     form = re.search(r'<form method="post" action="([^"]+)".*?name="nodes" value="([^"]+)"', html, re.S)
     assert form.groups() == ("/jobs/1/preempt", "n2")
     store: Store = two_node_app.extensions["elastic_store"]

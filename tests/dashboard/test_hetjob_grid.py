@@ -133,6 +133,59 @@ def test_preempt_dry_run_counts_each_nodes_own_gpus() -> None:
     assert p.bytes_moved and p.bytes_moved > 0
 
 
+HET_SPEC = {"model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256},
+            "layouts": {"8": "pp2tp2dp2", "10": "pp1tp2dp5", "12": "pp2tp2dp3"}}
+
+
+def test_preempt_dry_run_shows_only_what_slurm_releases_from_a_heterogeneous_job() -> None:
+    """The dry run against Slurm 22.05's rules as measured on the testbed (README, "Heterogeneous jobs"),
+    expected values worked out by hand: on the 4,4,2,2 job (leader component a1 batch host, a2; component 1
+    b1 its batch host, b2) a preempt of the leader's a2 moves the ranks off it but Slurm cannot resize the
+    leader, so a2 stays allocated, idle, and nothing is released; b2 goes (component 1 shrinks); b1, its
+    component's batch host, stays while b2 is kept; b1 and b2 together go (the component is cancelled)."""
+    from dashboard.preempt_preview import preview_job
+
+    job = ElasticJob(1, "het", None, "pp2tp2dp3", 4, "a1", 1, tuple(uneven_entries(2, 2, 3)),
+                     tuple(n for n, _, _ in HET_NODES), {n: g for n, g, _ in HET_NODES}, {n: c for n, _, c in HET_NODES})
+    expected = {("a2",): ((), ("a2",), "component 0: Slurm cannot resize a heterogeneous job's leader component"),
+                ("b2",): (("b2",), (), "component 1: b2 released"),
+                ("b1",): ((), ("b1",), "component 1: its batch host b1 goes only with the whole job"),
+                ("b1", "b2"): (("b1", "b2"), (), "component 1 cancelled: b[1-2] released")}
+    for picked, (released, stays, why) in expected.items():
+        p = preview_job(job, HET_SPEC, set(picked), lambda job, leaving: None)
+        assert (p.refused, p.leaving, p.nodes_released, p.stays) == ("", picked, released, stays), (picked, p)
+        assert p.to_layout == HET_SPEC["layouts"][str(12 - sum(g for n, g, _ in HET_NODES if n in picked))]
+        assert len(p.notes) == 1 and p.notes[0].startswith(why), (picked, p.notes)  # no Slurm id without Slurm
+
+
+def test_preempt_dry_run_on_the_slurm_view_uses_the_components_slurm_lists() -> None:
+    """On the Slurm view the holders are squeue's records: the README's script (leader component 30 on n3, n4,
+    batch host n3; component 1, job 31, on n1). Preempting n4 releases nothing (the leader cannot be resized);
+    preempting n1 cancels component 1 and releases n1."""
+    from dashboard.preempt_preview import preview
+    from dashboard.slurm_reader import SlurmJob
+
+    records = [("30", 0, "n3", {"n3": 2, "n4": 2}), ("31", 1, "n1", {"n1": 4})]
+    sizes = {n: g for _, _, _, nodes in records for n, g in nodes.items()}
+    comp = {n: off for _, off, _, nodes in records for n in nodes}
+    snap = SlurmSnapshot(tuple(SlurmNode(n, ("debug",), g, "mixed", (), "") for n, g in sorted(sizes.items())),
+                         tuple(SlurmJob(jid, "het-exp", "u", "RUNNING", "debug", {n: tuple(range(g)) for n, g in nodes.items()},
+                                        {}, batch, "30", off) for jid, off, batch, nodes in records), ())
+    slots = [(n, g) for n in ("n1", "n3", "n4") for g in range(sizes[n])]
+    entries = tuple(RankEntry(r, n, g, 0, r, 0, comp[n]) for r, (n, g) in enumerate(slots))
+    job = ElasticJob(1, "het-exp", "30", "pp1tp1dp8", 4, "n3", 1, entries, ("n1", "n3", "n4"), sizes, comp)
+    spec = {"model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256},
+            "layouts": {"4": "pp1tp1dp4", "6": "pp1tp1dp6", "8": "pp1tp1dp8"}}
+    view = build_from_slurm(snap, [job])
+    (p,) = preview(view, [job], {1: spec}, ["n4"], lambda job, leaving: None).jobs
+    assert (p.to_layout, p.nodes_released, p.stays) == ("pp1tp1dp6", (), ("n4",))
+    assert p.notes == ("component 0 (Slurm job 30): Slurm cannot resize a heterogeneous job's leader component; "
+                       "n4 stays allocated, idle",)
+    (p,) = preview(view, [job], {1: spec}, ["n1"], lambda job, leaving: None).jobs
+    assert (p.to_layout, p.nodes_released, p.stays, p.notes) == (
+        "pp1tp1dp4", ("n1",), (), ("component 1 (Slurm job 31) cancelled: n1 released",))
+
+
 def _het_view(records, ranks: dict[str, int], pinned: str, min_nodes: int):
     """/cluster's view of one elastic job whose Slurm records are `records` ((job id, offset, batch host,
     {node: GPUs})), with ranks[node] ranks on each node's first GPUs."""
