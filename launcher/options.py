@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=int, default=3, metavar="N",
                    help="worker failures the job restarts from before it fails (torchrun's meaning): restart mode's "
                         "restarts, and live mode's restores from a safety checkpoint (a failure no DP replica "
-                        "covers; recovering from a replica does not count) (default 3)")
+                        "covers; recovering from a replica does not count) (default 3). Counted per elastic-launch "
+                        "run, as torchrun counts per agent run: a run started with --resume has all N again")
     p.add_argument("--dry-run", action="store_true",
                    help="print the srun and scontrol commands it would run and exit; starts and writes nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
