@@ -111,7 +111,9 @@ def history() -> Any:
         return Response(_csv(rows, HISTORY_COLUMNS), mimetype="text/csv",
                         headers={"Content-Disposition": "attachment; filename=history.csv"})
     total = store().history_count(**filters.as_kwargs())
+    job = request.args.get("job", "").strip()
     ctx = {"rows": rows, "page": page, "pages": max(1, -(-total // PAGE_SIZE)), "total": total,
+           "unknown_job": job if not total and job and store().find_job(job) is None else None,
            "args": {k: v for k in FILTER_KEYS if (v := request.args.get(k, "").strip())},
            "triggers": MIGRATION_TRIGGERS, "statuses": MIGRATION_STATUSES}
     return render_template("_history_table.html" if is_htmx() else "history.html", **ctx)

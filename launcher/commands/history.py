@@ -119,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args.db, readonly=True)
     try:
         rows = store.history(**filters.as_kwargs(), limit=limit, offset=offset)
+        if not rows and args.job and store.find_job(args.job) is None:  # a typo, not a job without migrations
+            raise UsageError(f"no job {args.job!r} in the database; `elastic jobs` lists them")
     finally:
         store.close()
     return _print(args, rows, HISTORY_COLUMNS, _table, "no migrations match")

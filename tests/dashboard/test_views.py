@@ -105,6 +105,13 @@ def test_history_page_partial_and_exports(viewer: Any, store: Store) -> None:
     assert viewer.get("/history?format=json&since=2024-05-01").get_json() == store.history(since=None)
 
 
+def test_history_filter_of_an_unknown_job_says_so(viewer: Any) -> None:
+    assert "No job lama in the database" in viewer.get("/history?job=lama").text
+    page = viewer.get("/history?job=bert").text  # a job without migrations
+    assert "No migrations match" in page and "No job" not in page
+    assert viewer.get("/history?job=lama&format=json").get_json() == []
+
+
 def test_history_paging(viewer: Any, store: Store) -> None:
     for _ in range(30):
         store.start_migration(1, "a", "b", "demo", {}, {})

@@ -77,6 +77,17 @@ def test_history_bad_values_exit_2(url: str, args: list[str], capsys: pytest.Cap
     assert "error" in capsys.readouterr().err
 
 
+def test_history_of_an_unknown_job_says_so(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped job is an error naming it, not "no migrations match" (which a job without migrations gets)."""
+    for fmt in ([], ["--json"], ["--csv"]):
+        assert main(["history", "--db", url, "--job", "lama", *fmt]) == 2
+        got = capsys.readouterr()
+        assert got.out == "" and got.err.strip() == ("elastic history: error: no job 'lama' in the database; "
+                                                     "`elastic jobs` lists them"), got.err
+    assert main(["history", "--db", url, "--job", "bert"]) == 0  # a job without migrations
+    assert capsys.readouterr().err.strip() == "no migrations match"
+
+
 def test_history_unknown_db_exits_2_and_creates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope.db"
     assert main(["history", "--db", f"sqlite:///{missing}"]) == 2
