@@ -150,6 +150,8 @@ def test_cluster_page_shows_both_jobs_and_preempt_moves_the_elastic_one_live(clu
     plan = page.wait_for_selector(f'#preempt-plan .preview-job[data-elastic-job="{job.id}"]')
     assert plan.get_attribute("data-refused") == "no"
     assert int(page.locator("#preempt-plan .bytes-moved").get_attribute("data-bytes")) > 0
+    assert page.locator("#preempt-plan .released").inner_text() == "n2"  # what Slurm takes back, checked below
+    assert page.locator("#preempt-plan .stays").count() == 0
     assert f"Slurm job {cluster['plain']} plain-sbatch on n2 is not elastic" in page.locator("#preempt-plan").inner_text()
     page.click(f'#preempt-plan button[value="{job.id}"]')
     page.wait_for_selector(f"#preempt-result-{job.id} [data-request-id]")
