@@ -70,6 +70,20 @@ def check_allocation(opts: Options, backend) -> None:
         raise UsageError(f"--layouts/--nnodes on the allocation's nodes ({backend.describe()}): {exc}") from None
 
 
+def check_resumable(opts: Options, store) -> None:
+    """--resume with no checkpoint to go on from: a UsageError before any worker starts (else the workers
+    start, and the run fails only once they registered). Restart mode's scripts resume from their own."""
+    from launcher.resume import nothing_to_resume, resume_checkpoint
+    from launcher.start_request import checkpoint_dir
+
+    if not opts.resume or opts.mode == "restart":
+        return
+    ckpt_dir = checkpoint_dir(opts, store.url)
+    if resume_checkpoint(store.find_job(opts.job_name), ckpt_dir) is None:
+        store.close()
+        raise UsageError(nothing_to_resume(opts.job_name, ckpt_dir))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -86,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             dry_run(opts, backend, db_url(args.db))
             return 0
         store = open_store(args.db, create=True)
+        check_resumable(opts, store)
     except UsageError as exc:
         print(f"elastic-launch: error: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,21 @@ if TYPE_CHECKING:
     from launcher.loop import Launcher
 
 
+def resume_checkpoint(job, ckpt_dir: str) -> str | None:
+    """The checkpoint a resume starts from: the suspended `job`'s own (db.records.Job or None), else the
+    newest complete one in `ckpt_dir`; None when there is none."""
+    if job is not None and job.state == "suspended" and job.checkpoint_path \
+            and (Path(job.checkpoint_path) / ".metadata").exists():
+        return job.checkpoint_path
+    found = C.latest_checkpoint(ckpt_dir)
+    return found[0] if found else None
+
+
+def nothing_to_resume(job_name: str, ckpt_dir: str) -> str:
+    return (f"nothing to resume: job {job_name!r} has no checkpoint in the database and {ckpt_dir} holds no "
+            "complete one (--checkpoint-dir says where to look)")
+
+
 def resume_point(la: "Launcher"):
     """(job to continue or None, checkpoint to start from or None, `resume` requests it answers)."""
     job = la.db.find_job(la.opts.job_name)
@@ -25,16 +40,9 @@ def resume_point(la: "Launcher"):
         if job is not None and job.state == "suspended" else []
     if not la.opts.resume and not requests:
         return None, None, []
-    path = None
-    if job is not None and job.state == "suspended" and job.checkpoint_path \
-            and (Path(job.checkpoint_path) / ".metadata").exists():
-        path = job.checkpoint_path
-    else:
-        found = C.latest_checkpoint(la.ckpt_dir)
-        path = found[0] if found else None
+    path = resume_checkpoint(job, la.ckpt_dir)
     if path is None:
-        raise MigrationFailed(f"nothing to resume: job {la.opts.job_name!r} has no checkpoint in the "
-                              f"database and {la.ckpt_dir} holds no complete one")
+        raise MigrationFailed(nothing_to_resume(la.opts.job_name, la.ckpt_dir))
     if job is not None and job.state != "suspended":
         job = None  # a finished or running job of that name: the resumed run is a new job
     la.log(f"resuming job {la.opts.job_name} from {path}")
