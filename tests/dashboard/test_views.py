@@ -88,10 +88,12 @@ def test_migration_page_and_history_show_notes_and_why_declined(viewer: Any, sto
     assert "[&#39;" not in page and "restart" in page.split('id="plan"', 1)[1]  # not as a Python list
     assert "Declined: training ended first" in viewer.get(f"/migrations/{grow}").text
     assert "nothing happened besides the plan" in viewer.get("/migrations/1").text
+    assert 'id="kind"' in page and 'id="kind"' not in viewer.get("/migrations/1").text  # a restart says so
     table = viewer.get("/history?job=llama").text
     cells = re.findall(r'<td class="notes">(.*?)</td>', table, re.S)
     assert len(cells) == 3 and "training ended first" in cells[0] and cells[2] == "–"
     assert re.findall(r"<li>([^<]*)</li>", cells[1]) == [killed, released]
+    assert re.findall(r"<td>resize( \(restart\))?</td>", table) == ["", " (restart)", ""]
 
 
 def test_history_page_partial_and_exports(viewer: Any, store: Store) -> None:
