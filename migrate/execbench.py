@@ -6,7 +6,9 @@ holding its old shard of a paper scenario's state (cheap deterministic values, n
 it with the reference GPT executor (migrate.executor) or the manifest engine (migrate.reshard, with
 the GPT's manifests), and checks every new piece element for element against the values it must
 hold. Reported per scenario and engine: the slowest process's transfer time, the bytes that crossed
-between processes, GB/s, the ceiling (migrate.bench.loopback_ceiling with as many processes) and the
+between processes, GB/s, the ceiling (migrate.bench.loopback_ceiling with as many processes), the CPU
+seconds of all processes together (what the shared cores paid; steadier than wall time when other
+work runs on the machine), and the
 peak resident memory over the resident memory before the migration of the busiest process that held
 old state.
 """
@@ -70,13 +72,15 @@ def _profiler(device: int):
 
 
 def _dump(prof, device: int) -> None:
+    import os
+
     if prof is None:
         return
     import pstats
 
     prof.disable()
     print(f"-- profile of device {device}", file=sys.stderr)
-    pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
+    pstats.Stats(prof, stream=sys.stderr).sort_stats(os.environ.get("EXECBENCH_SORT", "cumulative")).print_stats(25)
 
 
 def _once(device: int, job: dict, profile: bool):
@@ -113,16 +117,16 @@ def _once(device: int, job: dict, profile: bool):
                               targets=targets, verify=job["verify"])
     dist.barrier()
     prof = _profiler(device) if profile else None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = run()
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     _dump(prof, device)
     peak = _rss("VmHWM:")
     if engine == "executor":
         got = {(k, name): t for k, per in (out.state.tensors.items() if out.state else ()) for name, t in per.items()}
     else:
         got = {tuple(f.split(".", 1)): t for f, t in out.items()}
-    return elapsed, got, rss_start, peak
+    return elapsed, got, rss_start, peak, cpu
 
 
 def _exact(p, new_rank: int | None, got: dict) -> bool:
@@ -145,15 +149,16 @@ def _exact(p, new_rank: int | None, got: dict) -> bool:
 def _worker(device: int, n: int, port: int, job: dict, queue) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=device, world_size=n)
-    times, exact, mem = [], True, None
+    times, cpus, exact, mem = [], [], True, None
     for rep in range(job["repeat"]):
-        elapsed, got, rss_start, peak = _once(device, job, rep == job["repeat"] - 1)
+        elapsed, got, rss_start, peak, cpu = _once(device, job, rep == job["repeat"] - 1)
         times.append(elapsed)
+        cpus.append(cpu)
         mem = mem or (rss_start, peak)  # memory of the first transfer, from a fresh process
         dist.barrier()
         exact = exact and _exact(job["plan"], job["plan"].curr.rank_of().get(device), got)
         del got
-    queue.put((device, times, exact, *mem))
+    queue.put((device, times, exact, *mem, cpus))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -178,12 +183,16 @@ def run_one(name: str, engine: str, cfg: BenchConfig, release_early: bool, windo
         job["manifests"] = (old_ms, new_ms, plan_transfers(old_ms, new_ms, same))
     rows = run_forked(_worker, n, (job,), n, timeout=600)
     slowest = min(max(r[1][i] for r in rows) for i in range(repeat))  # best of the repeats
+    # CPU seconds of all processes together (gloo's threads included): what 2 shared cores pay, and far
+    # less sensitive to other load than wall time
+    cpu = min(sum(r[5][i] for r in rows) for i in range(repeat))
     # over the processes that held old state (a joiner's ratio is its received state over a bare process)
     old_of = p.prev.rank_of()
     busiest = max((r for r in rows if r[0] in old_of), key=lambda r: r[4] / max(r[3], 1))
     return {"scenario": name, "engine": engine, "release_early": release_early, "processes": n,
             "bytes_moved": p.bytes_moved, "execute_s": round(slowest, 4),
-            "execute_gbps": round(p.bytes_moved / slowest / 1e9, 3), "bit_exact": all(r[2] for r in rows),
+            "execute_gbps": round(p.bytes_moved / slowest / 1e9, 3), "cpu_s": round(cpu, 3),
+            "bit_exact": all(r[2] for r in rows),
             "peak_over_start": round(busiest[4] / busiest[3], 3)}
 
 
@@ -214,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row) if args.json else
                   f"{name:22s} {engine:8s} {row['bytes_moved'] / 1e6:8.1f} MB {row['execute_s']:7.3f} s "
                   f"{row['execute_gbps']:6.2f} GB/s of {row['ceiling_gbps']:.2f} ({row['share_of_ceiling']:.0%}) "
+                  f"cpu {row['cpu_s']:6.3f} s "
                   f"peak/start {row['peak_over_start']:.2f} bit-exact {row['bit_exact']}", flush=True)
             rows.append(row)
     return 0 if all(r["bit_exact"] for r in rows) else 1

@@ -206,14 +206,14 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
 
     mine = sorted((t for t in transfers if t.src == old_rank and t.dst != new_rank
                    or t.dst == new_rank and t.fqn not in kept), key=_key)
-    sent = _digests([t for t in mine if t.src == old_rank], old_state, olds) if verify else {}
     ex = Exchange(group, window_bytes or (EARLY_WINDOW_BYTES if release_early else WINDOW_BYTES),
-                  release if release_early else None)
+                  release if release_early else None, digests=verify)
     for tr in mine:  # the layer orders them
         src_proc, dst_proc = proc_of_old[tr.src], proc_of_new[tr.dst]
         mine_old, mine_new = old_rank == tr.src, new_rank == tr.dst
         if mine_old and mine_new:
-            ex.copy(_piece(target(tr.fqn), news[tr.fqn], tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
+            ex.copy(_piece(target(tr.fqn), news[tr.fqn], tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn,
+                    _key(tr))
         elif mine_old:
             ex.send(dst_proc, _key(tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
         else:
@@ -228,32 +228,28 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
     for fqn in news:  # pieces that no transfer fills (an empty shard) still exist
         target(fqn)
     t1 = time.perf_counter()
-    result.phases["transfer"] = t1 - t0
+    # the senders' digests are taken while their bytes are in flight (part of the transfer); the
+    # receivers' over the new tensors after the last window, then compared: "verify"
+    result.phases["transfer"] = t1 - t0 - result.stats.final_digest_s
     if verify:
-        result.units_verified = _verify(mine, old_rank, new_rank, sent, result, news, proc_of_old, proc_of_new,
-                                        group)
-        result.phases["verify"] = time.perf_counter() - t1
+        result.units_verified = _verify(mine, old_rank, new_rank, ex.sent, ex.got, proc_of_old, proc_of_new, group)
+        result.phases["verify"] = time.perf_counter() - t1 + result.stats.final_digest_s
     return result
 
 
-def _digests(trs: Sequence[Transfer], state: Mapping[str, object], entries: Mapping[str, ShardEntry]) -> dict:
-    """xxh3 digest (migrate.checksum) of each transfer's piece of `state`, cut by `entries`."""
-    from migrate.checksum import unit_digest
-
-    return {_key(t): unit_digest(_piece(state[t.fqn], entries[t.fqn], t)) for t in trs}
-
-
-def _verify(mine: Sequence[Transfer], old_rank, new_rank, sent: dict, result: Mapping[str, object],
-            news: Mapping[str, ShardEntry], proc_of_old, proc_of_new, group) -> int:
+def _verify(mine: Sequence[Transfer], old_rank, new_rank, sent: Mapping[tuple, int], got: Mapping[tuple, int],
+            proc_of_old, proc_of_new, group) -> int:
     """Compare, for every piece this process received or copied, the sender's digest of what it sent
-    with the digest of what landed; every process of `group` learns whether any piece anywhere
-    differed (one all-reduce) and raises MigrationMismatch if so. Returns the pieces verified here."""
+    (`sent`, by transfer key: the xxh3 of the piece cut from its old tensor by the sender's manifest)
+    with the digest of what landed (`got`, cut from the new tensor by this process's manifest), both
+    taken by the transfer layer; every process of `group` learns whether any piece anywhere differed
+    (one all-reduce) and raises MigrationMismatch if so. Returns the pieces verified here."""
     import torch
     import torch.distributed as dist
 
     from migrate.transfer import Exchange, TransferError, signed64
 
-    got = _digests([t for t in mine if t.dst == new_rank], result, news)
+    got = {_key(t): got[_key(t)] for t in mine if t.dst == new_rank}
     ex = Exchange(group)  # the senders' digests, one int64 vector per pair of processes, in key order
     outgoing: dict[int, list[Transfer]] = {}
     incoming: dict[int, list[Transfer]] = {}

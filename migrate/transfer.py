@@ -21,16 +21,24 @@ message with a key that both of its ends give alike; `run` then moves it. Why it
   new copy equals what was sent; an owner no message or copy uses is released at once (another
   live copy serves it). The engine drops its references there, so peak memory stays near one copy.
   Without it, nothing old is touched: a failure half way leaves the old state intact.
+* Digests of every keyed piece (optional, `digests=True`: what migrate.reshard verifies), computed where
+  they cost least: the sender's from the contiguous bytes it sends (the piece itself, or its region of
+  the staging buffer right after packing, so a column slice needs no extra copy), while its window's
+  messages are in flight; the receiver's from the final new tensors once everything landed (a later
+  write over a piece is caught too), strided views through one reused scratch buffer instead of fresh
+  memory per piece. With release early the receiver's digests are taken as each window lands and
+  confirm it to the sender (one vector per message, not a second hash of the whole buffer).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from migrate.checksum import unit_digest
+from migrate.checksum import unit_digest, view_digest
 
 #: pieces below this size between two processes travel in one packed message
 SMALL_BYTES = 64 << 10
@@ -57,6 +65,7 @@ class _Piece:
     nbytes: int
     contiguous: bool
     owner: Hashable | None = None  # the old tensor a send reads, for release-early bookkeeping
+    key: Hashable | None = None  # the piece's name in the digests (None: not digested)
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -84,6 +93,7 @@ class TransferStats:
     windows: int = 0
     released: int = 0
     staging_bytes: int = 0
+    final_digest_s: float = 0.0  # seconds spent digesting the new tensors after the last window
 
 
 def _bytes(t: torch.Tensor) -> int:
@@ -116,11 +126,18 @@ class Exchange:
     it. Every participant must describe its part with the same keys and call `run`."""
 
     def __init__(self, group=None, window_bytes: int = WINDOW_BYTES, release: Callable[[Hashable], None] | None = None,
-                 small_bytes: int = SMALL_BYTES) -> None:
+                 small_bytes: int = SMALL_BYTES, digests: bool = False) -> None:
         self.group, self.window_bytes, self.release, self.small_bytes = group, window_bytes, release, small_bytes
         self._sends: dict[int, list[tuple[tuple, _Piece]]] = {}
         self._recvs: dict[int, list[tuple[tuple, _Piece]]] = {}
-        self._copies: list[tuple[torch.Tensor, torch.Tensor, Hashable | None]] = []
+        self._copies: list[tuple[torch.Tensor, torch.Tensor, Hashable | None, Hashable | None]] = []
+        # digests=True: unit_digest of every piece sent or copied from (`sent`), received or copied into
+        # (`got`), by the key given to send/recv/copy
+        self.digests = digests
+        self.sent: dict[Hashable, int] = {}
+        self.got: dict[Hashable, int] = {}
+        self._landed: list[tuple[Hashable, torch.Tensor]] = []  # copies' targets, digested at the end
+        self._scratch: torch.Tensor | None = None
         self._uses: dict[Hashable, int] = {}
         self.stats = TransferStats()
 
@@ -131,7 +148,7 @@ class Exchange:
 
     def send(self, peer: int, key: tuple, t: torch.Tensor, owner: Hashable | None = None) -> None:
         """Send view `t` (of old tensor `owner`) to `peer`; the receiver gives the same `key`."""
-        self._sends.setdefault(peer, []).append((key, _Piece(t, _bytes(t), t.is_contiguous(), owner)))
+        self._sends.setdefault(peer, []).append((key, _Piece(t, _bytes(t), t.is_contiguous(), owner, key)))
         if owner is not None:
             self._uses[owner] = self._uses.get(owner, 0) + 1
 
@@ -141,10 +158,12 @@ class Exchange:
         `nbytes` and whether it is `contiguous`)."""
         if not callable(t):
             nbytes, contiguous = _bytes(t), t.is_contiguous()
-        self._recvs.setdefault(peer, []).append((key, _Piece(t, nbytes, contiguous)))
+        self._recvs.setdefault(peer, []).append((key, _Piece(t, nbytes, contiguous, None, key)))
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, owner: Hashable | None = None) -> None:
-        self._copies.append((dst, src, owner))
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, owner: Hashable | None = None,
+             key: Hashable | None = None) -> None:
+        """Copy view `src` (of old tensor `owner`) into view `dst` in this process (`key`: its digests' name)."""
+        self._copies.append((dst, src, owner, key))
         if owner is not None:
             self._uses[owner] = self._uses.get(owner, 0) + 1
 
@@ -184,7 +203,12 @@ class Exchange:
     def run(self, on_window: Callable[[int], None] | None = None) -> TransferStats:
         """Copy locally, then move every message; raises TransferError when a peer fails."""
         me = dist.get_rank(self.group)
-        for dst, src, owner in self._copies:
+        if self.digests:
+            self._scratch = self._scratch_for_strided()
+        for dst, src, owner, key in self._copies:
+            if self.digests and key is not None:
+                self.sent[key] = view_digest(src, self._scratch)
+                self._landed.append((key, dst))
             dst.copy_(src)
             self._used(owner)
         self._copies.clear()  # a view keeps its old tensor's memory alive: drop it once used
@@ -207,17 +231,34 @@ class Exchange:
                 self._window(window, staging_in, staging_out, acks)
                 self._settle(acks, wait=False)
             self._settle(acks, wait=True)
+            if self.digests:  # what sits in the new tensors now, after every write (release early: as it landed)
+                t0 = time.perf_counter()
+                landed = self._landed + [(p.key, p.tensor) for items in self._recvs.values() for _k, p in items]
+                for key, t in landed:
+                    self.got.setdefault(key, view_digest(t, self._scratch))
+                self.stats.final_digest_s = time.perf_counter() - t0
         except TransferError:
             raise
         except Exception as exc:  # a dead peer shows up here as a gloo error
             raise TransferError(f"{type(exc).__name__}: {exc}") from exc
         self.stats.windows = len(windows)
+        self._landed.clear()
+        self._scratch = None
         return self.stats
+
+    def _scratch_for_strided(self) -> torch.Tensor | None:
+        """One reusable buffer as large as the largest strided piece digested here (view_digest)."""
+        need = [_bytes(t) for dst, src, _o, key in self._copies if key is not None
+                for t in (dst, src) if not t.is_contiguous()]
+        need += [p.nbytes for items in self._recvs.values() for _k, p in items if not p.contiguous]
+        if not need:
+            return None
+        return torch.empty(max(need), dtype=torch.uint8, device=self._device())
 
     def _device(self) -> torch.device:
         for items in self._sends.values():
             return items[0][1].tensor.device
-        for dst, _src, _owner in self._copies:
+        for dst, _src, _owner, _key in self._copies:
             return dst.device
         return torch.device("cuda", torch.cuda.current_device()) \
             if dist.is_initialized() and dist.get_backend(self.group) == "nccl" else torch.device("cpu")
@@ -251,6 +292,9 @@ class Exchange:
                 ops.append(dist.irecv(buf, group=self.group, group_src=m.peer))
                 self.stats.bytes_received += m.nbytes
             self.stats.messages += 1
+        if self.digests:  # the sender's digests, from the bytes on their way (in flight meanwhile)
+            for m, buf in sent:
+                self._digest_sent(m, buf)
         for op in ops:
             op.wait()
         for m, buf in unpack:
@@ -260,14 +304,24 @@ class Exchange:
                     dst = p.tensor
                     dst.copy_(buf[pos:pos + p.nbytes].view(dst.dtype).view(dst.shape))
                     pos += p.nbytes
-            if self.release is not None:  # confirm to the sender what arrived, once it sits in place
+            if self.release is None:
+                continue
+            # confirm to the sender what arrived, once it sits in place
+            if self.digests:  # the pieces' digests, which the final comparison reuses
+                for p in m.pieces:
+                    self.got[p.key] = view_digest(p.tensor, self._scratch)
+                ack = self._ack([self.got[p.key] for p in m.pieces])
+            else:
                 got = buf if buf is not None else _flat(m.pieces[0].tensor)
                 ack = torch.tensor([signed64(unit_digest(got.cpu()))], dtype=torch.int64)
-                acks.append((dist.isend(ack, group=self.group, group_dst=m.peer, tag=ACK_TAG), ack, 0, None))
+            acks.append((dist.isend(ack, group=self.group, group_dst=m.peer, tag=ACK_TAG), ack, 0, None))
         for m, buf in sent:
             if self.release is None:
                 continue
-            want = signed64(unit_digest(buf.cpu()))
+            if self.digests:
+                want = int(self._ack([self.sent[p.key] for p in m.pieces]).item())
+            else:
+                want = signed64(unit_digest(buf.cpu()))
             box = torch.zeros(1, dtype=torch.int64)
             acks.append((dist.irecv(box, group=self.group, group_src=m.peer, tag=ACK_TAG), box, want, m))
         if self.release is None:
@@ -275,6 +329,25 @@ class Exchange:
                 for p in m.pieces:
                     self._used(p.owner)
                     p.source = None
+
+    def _digest_sent(self, m: _Message, buf: torch.Tensor) -> None:
+        """Digests of message `m`'s pieces from the contiguous bytes sent: the piece, or its staging region."""
+        if not m.temp:
+            p = m.pieces[0]
+            self.sent[p.key] = unit_digest(p.tensor)
+            return
+        pos = 0
+        for p in m.pieces:
+            t = p.tensor
+            self.sent[p.key] = unit_digest(buf[pos:pos + p.nbytes].view(t.dtype).view(t.shape))
+            pos += p.nbytes
+
+    @staticmethod
+    def _ack(digests: list[int]) -> torch.Tensor:
+        """One int64 that confirms a message's pieces: the xxh3 of their digests, in the message's order."""
+        import xxhash
+
+        return torch.tensor([signed64(xxhash.xxh3_64_intdigest(str(digests).encode()))], dtype=torch.int64)
 
     def _settle(self, acks: list, wait: bool) -> None:
         """Release the owners whose receivers confirmed their pieces (release mode)."""

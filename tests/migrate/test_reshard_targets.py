@@ -164,3 +164,41 @@ def test_release_early_frees_old_tensors_during_the_transfer() -> None:
     got = run_spawned(_frees, 3)
     assert [(leaks, left) for leaks, _freed, left in got.values()] == [([], 0)] * 3  # no leak, nothing old left
     assert any(freed for _leaks, freed, _left in got.values())  # the check ran while tensors were being released
+
+
+def _wire(proc: int, port: int, q) -> None:
+    """Process 0's data messages arrive with one byte flipped (the wire corrupts them after the sender
+    took its digests from the bytes it hands over)."""
+    import torch.distributed as dist
+
+    from migrate.reshard import MigrationMismatch
+
+    _init(proc, port)
+    full = full_tensors()
+    a, b = (2, [0, 1]), (1, [1, 2])
+    state = start(proc, *a, full)
+    if proc == 0:
+        isend = dist.isend
+
+        def flipped(t, *args, **kw):
+            if kw.get("tag", 0) == 0 and t.dtype == torch.uint8 and t.numel() > 8:  # data, not a digest vector
+                t = t.clone()
+                t[3] ^= 0x10
+            return isend(t, *args, **kw)
+
+        dist.isend = flipped
+    try:
+        step(proc, a, b, state, ahead=True)
+        verdict = "adopted"
+    except MigrationMismatch:
+        verdict = "refused"
+    q.put((proc, (verdict, proc == 2 or holds_exactly(state, layout(2)[proc], full))))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_piece_corrupted_on_the_wire_is_refused_on_every_process() -> None:
+    from tests.migrate.spawned import run_spawned
+
+    got = run_spawned(_wire, 3)
+    assert got == {0: ("refused", True), 1: ("refused", True), 2: ("refused", True)}
