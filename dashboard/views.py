@@ -57,6 +57,7 @@ def _job_panels(job_id: int) -> dict[str, Any]:
     except LookupError:
         abort(404, description=f"no job {job_id}")
     return {"p": placement, "job": placement["job"], "migrations": store().recent_migrations(job_id, 5),
+            "why_failed": store().why_failed(job_id),
             "sv": survival_of(store().launch_spec(job_id)),
             "requests": store().list_requests(job_id, 8), "pp_colours": PP_COLOURS, "tp_colours": TP_COLOURS}
 

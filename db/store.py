@@ -18,7 +18,7 @@ from db.models import DeviceRow, JobRow, MigrationPhaseRow, MigrationRow, NodeRo
 from db.placement import NodeInfo
 from db.records import Job, Migration, Node, RankEntry, RankMap
 from db.sla import gpu_fraction
-from db.store_admin import AdminMixin
+from db.store_admin import AdminMixin, AuditFilters
 from db.store_cluster import ClusterMixin
 from db.vocab import (
     JOB_MODES,
@@ -32,6 +32,8 @@ from db.vocab import (
     SLA_TIERS,
     check,
 )
+
+JOB_FAILED = "job-failed"  # the audit action that says why the launcher ended a job as failed
 
 HISTORY_COLUMNS = (
     "id", "job_id", "job_name", "kind", "trigger", "status", "from_layout", "to_layout", "started_at",
@@ -208,7 +210,9 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
                 q = q.where(JobRow.state == check("job state", state, JOB_STATES))
             return [_job(r) for r in s.scalars(q)]
 
-    def set_job_state(self, job_id: int, state: str) -> None:
+    def set_job_state(self, job_id: int, state: str, why: str | None = None) -> None:
+        """`why`: one line saying why a job failed (the launcher's own message), kept in the audit log
+        (action JOB_FAILED) and shown by `elastic jobs` and the job page (Store.why_failed)."""
         check("job state", state, JOB_STATES)
         with self._tx() as s:
             row = self._job_row(s, job_id)
@@ -217,6 +221,16 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
                 for rm in s.scalars(select(RankMapRow).where(RankMapRow.job_id == job_id,
                                                              RankMapRow.ended_at.is_(None))):
                     rm.ended_at = row.updated_at
+        if why and state == "failed":
+            self.audit("elastic-launch", JOB_FAILED, f"job:{job_id}", why)
+
+    def why_failed(self, job_id: int) -> str | None:
+        """Why a failed job failed, as the launcher said when it gave up (None: not failed, or not said)."""
+        job = self.get_job(job_id)
+        if job is None or job.state != "failed":
+            return None
+        rows = self.audit_log(1, filters=AuditFilters(action=JOB_FAILED, target=f"job:{job_id}"))
+        return rows[0].result if rows else None
 
     def update_job(
         self,

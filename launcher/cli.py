@@ -13,7 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "move real training state and compare with checkpoint restarts"),
     "demo": ("demo", "run a local elastic training demo (shrink and grow on this machine)"),
     "history": ("history", "query recorded migrations"),
-    "jobs": ("jobs", "list jobs: state, mode (live/restart), layout, nodes, last step"),
+    "jobs": ("jobs", "list jobs: state, mode (live/restart), layout, nodes, last step, why a failed job failed"),
     "resize": ("resize", "ask a running job to grow or shrink to N nodes"),
     "preempt": ("preempt", "ask a running job to give nodes back"),
     "suspend": ("suspend", "ask a running job to checkpoint once and give every device back"),

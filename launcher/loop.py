@@ -610,7 +610,7 @@ class Launcher:
         for n in list(self.handles):
             self.handles.pop(n).kill()
         self.stopped = True
-        self.db.set_job_state(self.job_id, "failed")
+        self.db.set_job_state(self.job_id, "failed", why=out.message)
         return False
 
     def run(self, until: Callable[["Launcher"], bool] | None = None) -> int:

@@ -224,7 +224,7 @@ class RestartMode:
                 la.log(f"cannot recover: {out.message}; stopping the job")
                 self.stop_world()
                 la.stopped = True
-                la.db.set_job_state(la.job_id, "failed")
+                la.db.set_job_state(la.job_id, "failed", why=out.message)
                 return False
             return True
         if la.current and set(la.current.devices) <= set(exited):

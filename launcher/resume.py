@@ -71,7 +71,7 @@ def finish_resume(la: "Launcher", path: str, requests) -> None:
     except MigrationFailed as exc:
         for r in requests:
             la.db.complete_request(r.id, "failed", f"resume failed: {exc}")
-        la.db.set_job_state(la.job_id, "failed")
+        la.db.set_job_state(la.job_id, "failed", why=f"resume from {path} failed: {exc}")
         raise MigrationFailed(f"resume from {path} failed: {exc}") from None
     step = min(r["step"] for r in res.values())
     msg = f"resumed from {path} at step {step} on {la.current.layout} ({len(la.current.devices)} devices)"

@@ -54,12 +54,18 @@ def _table(rows: list[dict[str, Any]]) -> str:
              "/".join(sec(r[f"{p}_s"]) for p in PHASES),
              human_bytes(r["bytes_moved"]), human_bytes(r["bytes_checkpoint"]),
              {True: "bit-exact", False: "MISMATCH", None: "-"}[r["bit_exact"]]] for r in rows]
+    return format_table(header, body, [_below(r) for r in rows])
+
+
+def format_table(header: list[str], body: list[list[str]], below: list[list[str]] | None = None) -> str:
+    """Columns padded to their widest cell; `below[i]`: lines printed under body row i, indented (a
+    migration's notes, why a job failed), so they never widen the columns."""
     widths = [max(len(x) for x in col) for col in zip(header, *body)]
     out = []
     for i, line in enumerate([header, *body]):
         out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
-        if i:
-            out += [f"    {text}" for text in _below(rows[i - 1])]
+        if i and below:
+            out += [f"    {text}" for text in below[i - 1]]
     return "\n".join(out)
 
 

@@ -10,9 +10,9 @@ import argparse
 import json
 import sys
 
-from launcher.commands.history import add_db_argument, open_store
+from launcher.commands.history import add_db_argument, format_table, open_store
 
-COLUMNS = ("id", "name", "slurm_job_id", "state", "mode", "layout", "nodes", "last_step")
+COLUMNS = ("id", "name", "slurm_job_id", "state", "mode", "layout", "nodes", "last_step", "why")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,12 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def rows(store, state: str | None = None) -> list[dict]:
-    """One flat dict per job (COLUMNS); nodes: the nodes the job holds and runs on now."""
+    """One flat dict per job (COLUMNS); nodes: the nodes the job holds and runs on now; why: why a failed
+    job failed, as the launcher said (else None)."""
     out = []
     for job in store.list_jobs(state):
         nodes = [n.name for n in store.list_nodes(job.id) if n.state == "active"]
         out.append({"id": job.id, "name": job.name, "slurm_job_id": job.slurm_job_id, "state": job.state,
-                    "mode": job.mode, "layout": job.layout, "nodes": nodes, "last_step": job.last_step})
+                    "mode": job.mode, "layout": job.layout, "nodes": nodes, "last_step": job.last_step,
+                    "why": store.why_failed(job.id) if job.state == "failed" else None})
     return out
 
 
@@ -37,8 +39,7 @@ def _table(items: list[dict]) -> str:
     header = ["ID", "NAME", "SLURM", "STATE", "MODE", "LAYOUT", "NODES", "STEP"]
     body = [[str(r["id"]), r["name"], r["slurm_job_id"] or "-", r["state"], r["mode"], r["layout"],
              ",".join(r["nodes"]) or "-", "-" if r["last_step"] is None else str(r["last_step"])] for r in items]
-    widths = [max(len(x) for x in col) for col in zip(header, *body)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *body])
+    return format_table(header, body, [[f"failed: {r['why']}"] if r["why"] else [] for r in items])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -107,6 +107,13 @@ def test_history_page_partial_and_exports(viewer: Any, store: Store) -> None:
     assert viewer.get("/history?format=json&since=2024-05-01").get_json() == store.history(since=None)
 
 
+def test_a_failed_jobs_page_says_why(viewer: Any, store: Store) -> None:
+    assert 'id="why-failed"' not in viewer.get("/jobs/1").text  # running
+    store.set_job_state(1, "failed", why="workers [3] kept failing: --max-restarts 1 is used up")
+    part = viewer.get("/jobs/1", headers={"HX-Request": "true"}).text  # the panels the page polls
+    assert '<p class="err" id="why-failed">Failed: workers [3] kept failing: --max-restarts 1 is used up</p>' in part
+
+
 def test_history_filter_of_an_unknown_job_says_so(viewer: Any) -> None:
     assert "No job lama in the database" in viewer.get("/history?job=lama").text
     page = viewer.get("/history?job=bert").text  # a job without migrations

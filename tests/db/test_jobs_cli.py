@@ -45,6 +45,24 @@ def test_jobs_json_and_state_filter(url: str, capsys: pytest.CaptureFixture[str]
     assert "no jobs in state finished" in capsys.readouterr().err
 
 
+WHY = "workers [0, 1] failed and --max-restarts 3 is used up"
+
+
+def test_a_failed_job_says_why(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Why the launcher gave a job up (Store.set_job_state(..., why=)) is under its row and in --json; a job
+    that failed before launchers said why, and one that is not failed, say nothing."""
+    s = Store(url)
+    s.set_job_state(2, "failed", why=WHY)
+    s.set_job_state(3, "failed")  # no reason given
+    s.close()
+    assert main(["jobs", "--db", url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[:4] == ["2", "ddp", "-", "failed"] and lines[3] == f"    failed: {WHY}", lines
+    assert lines[4].split()[:4] == ["3", "old", "-", "failed"] and len(lines) == 5, lines
+    assert main(["jobs", "--db", url, "--json"]) == 0
+    assert [j["why"] for j in json.loads(capsys.readouterr().out)] == [None, WHY, None]
+
+
 @pytest.mark.parametrize("argv", [["resize", "old", "--nodes", "2"], ["preempt", "old", "--count", "1"]])
 def test_requests_for_a_job_that_is_not_running_are_refused(url: str, argv: list[str],
                                                             capsys: pytest.CaptureFixture[str]) -> None:

@@ -144,3 +144,27 @@ def test_a_restart_that_had_to_kill_says_so_in_its_history(tmp_path: Path, capsy
     assert elastic(["history", "--db", url, "--job", "deaf"]) == 0  # the user's view of it: a line under the row
     lines = capsys.readouterr().out.splitlines()
     assert lines[2] == "    note: workers on node0,node1 did not exit within --term-timeout 1 s of SIGTERM; killed", lines
+
+
+def test_a_worker_that_fails_every_start_uses_up_max_restarts_and_the_job_says_why(tmp_path: Path) -> None:
+    """torchrun's --max-restarts: the first world and one restart fail, then the job ends failed, and
+    `elastic jobs` (Store.why_failed) says why; each start left its TORCHELASTIC_RESTART_COUNT."""
+    seen = tmp_path / "starts"
+    seen.mkdir()
+    prog = ("import os, sqlite3, sys, time\n"
+            "import torch.distributed as dist\n"  # join the world's rendezvous (one key per rank), then fail
+            "s = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False)\n"
+            "s.set('rank' + os.environ['RANK'], '1')\n"
+            "open(sys.argv[1] + '/' + os.environ['TORCHELASTIC_RESTART_COUNT'], 'w').close()\n"
+            "db = sqlite3.connect(sys.argv[2])\n"  # a restarted world fails once the launcher saw it form
+            "while os.environ['TORCHELASTIC_RESTART_COUNT'] != '0' and not db.execute(\n"
+            "        \"select count(*) from migrations where status = 'succeeded'\").fetchone()[0]:\n"
+            "    time.sleep(0.05)\n"
+            "sys.exit(3)\n")
+    r = launch(tmp_path, "--mode", "restart", "--nnodes", "1", "--gpus-per-node", "1", "--max-restarts", "1",
+               "--job-name", "crash", "--", "python", "-c", prog, str(seen), str(tmp_path / "e.db"))
+    assert r.returncode != 0, r.stderr
+    assert sorted(p.name for p in seen.iterdir()) == ["0", "1"]
+    store = Store(f"sqlite:///{tmp_path}/e.db")
+    job = store.find_job("crash")
+    assert (job.state, store.why_failed(job.id)) == ("failed", "workers [0] failed and --max-restarts 1 is used up")

@@ -45,3 +45,4 @@ def test_a_worker_that_dies_on_every_start_uses_up_max_restarts(tmp_path: Path) 
             f"raise --max-restarts or fix the worker, then resume from {ck} with `elastic-launch --resume`")
     assert (refused.trigger, refused.status, refused.error) == ("failure", "failed", want), refused
     assert f"cannot recover: {want}; stopping the job" in out, out
+    assert store.why_failed(job.id) == want  # what `elastic jobs` and the job page say under the failed job
