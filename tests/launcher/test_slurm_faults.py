@@ -9,8 +9,10 @@ test_slurm_companion.py.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,9 +28,13 @@ def test_release_refused_while_slurmctld_is_down_then_restarted(slurm_testbed, t
     slurm = SlurmCommands(env=env)
     url = f"sqlite:///{tmp_path}/e.db"
     loss = tmp_path / "loss.txt"
+    # the launcher's Slurm commands (its own slurm.conf, as a user's may be) give up on the stopped
+    # controller after 4 s instead of 18 s (2 x (MessageTimeout - 1) s, measured); the testbed keeps 10
+    client_conf = tmp_path / "slurm.conf"
+    client_conf.write_text(re.sub(r"(?m)^MessageTimeout=\d+$", "MessageTimeout=3", Path(env["SLURM_CONF"]).read_text()))
     script = f"""#!/bin/bash
 #SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:1 --job-name=elastic-ft --output={tmp_path}/batch.out --chdir={tmp_path}
-export PYTHONPATH={ROOT}
+export PYTHONPATH={ROOT} SLURM_CONF={client_conf}
 exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 1 --layouts pp2,pp1 --db {url} \\
     --log-dir {tmp_path}/logs -- python -m launcher.worker --layers 4 --hidden 128 --vocab 512 \\
     --step-sleep 0.3 --log-every 0 --loss-file {loss}
