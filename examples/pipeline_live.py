@@ -124,7 +124,10 @@ def main() -> None:
     p.add_argument("--log", type=Path, default=None, help="rank 0 appends `step loss layout samples` here")
     p.add_argument("--dump-dir", type=Path, default=None,
                    help="rank 0 saves the whole state after every step (tests)")
-    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="sleep this long after each step (tests, demos)")
+    p.add_argument("--sleep-while", type=Path, default=None,
+                   help="sleep after a step only while this file exists (a test removes it once it has resized "
+                        "the job, and the last steps run at full speed)")
     args = p.parse_args()
     data = DataPosition()
     job = runtime.join(model=stage, tp_plan=TP_PLAN,  # elastic
@@ -133,7 +136,7 @@ def main() -> None:
     while job.next_step(until=args.steps):  # elastic: migrations happen here, between steps
         with job.guard():  # elastic: a step another worker's death broke is abandoned, the job recovers
             train_step(job, pipe, data, args)
-        if args.step_sleep:
+        if args.step_sleep and (args.sleep_while is None or args.sleep_while.exists()):
             import time
 
             time.sleep(args.step_sleep)

@@ -121,20 +121,27 @@ def shrink_and_grow(tmp_path: Path, job: str, layouts: str, small: str, script: 
     """Run examples/`script` (a live-mode one that logs like mixer_live.py to its --log, here
     tmp_path/steps.log) with `args` under `elastic-launch --backend local` on 2 nodes with --layouts
     `layouts` (and `launch`, `env`: see run_local); after 3 steps `elastic resize` to 1 node, after 2 steps
-    on layout `small` back to 2, then `then(alive)` if given. Returns the log's rows (mixer_rows) once the
-    job ended; fails if elastic-launch exits non-zero."""
+    on layout `small` back to 2, once a step ran on the grown layout `then(alive)` if given. The script's
+    --step-sleep (time for each resize to land before the last step) applies only until then (its
+    --sleep-while file is removed): the steps left run at full speed. Returns the log's rows (mixer_rows)
+    once the job ended; fails if elastic-launch exits non-zero."""
     from launcher.cli import main as elastic
 
-    log = tmp_path / "steps.log"
+    log, pace = tmp_path / "steps.log", tmp_path / "pace"
+    pace.touch()
 
     def drive(alive: Callable[[], bool]) -> None:
         shrink(tmp_path, job, small, alive)
+        shrunk = max(r[0] for r in mixer_rows(log) if r[1] == small)
         assert elastic(["resize", job, "--nodes", "2", "--db", f"sqlite:///{tmp_path}/e.db"]) == 0
+        wait(lambda: any(r[0] > shrunk and r[1] != small for r in mixer_rows(log)), 120, "a step after the grow",
+             alive)
         if then is not None:
             then(alive)
+        pace.unlink()
 
     run_local(tmp_path, ["--gpus-per-node", str(gpus_per_node), "--layouts", layouts, "--job-name", job, *launch],
-              [script, "--log", str(log), *args], drive, env)
+              [script, "--log", str(log), "--sleep-while", str(pace), *args], drive, env)
     return mixer_rows(log)
 
 
