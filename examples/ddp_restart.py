@@ -40,6 +40,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--log", type=Path, default=None, help="rank 0 appends `step loss world restart` here")
     p.add_argument("--global-batch", type=int, default=8, help="samples per step over all ranks (default 8)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (demos)")
+    p.add_argument("--sleep-while", type=Path, default=None,
+                   help="sleep after a step only while this file exists (a test removes it once it has resized "
+                        "the job, and the last steps run at full speed)")
     p.add_argument("--save-on-term", action="store_true",
                    help="on SIGTERM, checkpoint at the next step boundary (all ranks agree on it) and exit")
     return p.parse_args()
@@ -121,7 +124,7 @@ def main() -> None:
             if rank == 0:
                 print(f"SIGTERM: checkpointed step {step}, exiting", flush=True)
             break
-        if args.step_sleep:
+        if args.step_sleep and (args.sleep_while is None or args.sleep_while.exists()):
             time.sleep(args.step_sleep)
     dist.barrier()
     dist.destroy_process_group()

@@ -13,7 +13,8 @@ from tests.examples.harness import ddp_rows as _log, run_local, wait
 
 def test_ddp_script_restarts_on_shrink_and_grow_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/e.db"
-    log = tmp_path / "steps.log"
+    log, pace = tmp_path / "steps.log", tmp_path / "pace"  # the script's --step-sleep applies while pace exists
+    pace.touch()
 
     def drive(alive) -> None:
         wait(lambda: Store(url).find_job("ddp") is not None, 30, "the job to be registered", alive)
@@ -24,10 +25,12 @@ def test_ddp_script_restarts_on_shrink_and_grow_and_resumes_from_its_checkpoint(
         wait(lambda: any(r[3] == 1 for r in _log(log)), 120, "a step after the shrink", alive)
         wait(lambda: _log(log)[-1][0] >= 9, 120, "step 9 on one worker", alive)
         assert elastic(["resize", "ddp", "--nodes", "2", "--db", url]) == 0
+        wait(lambda: any(r[3] == 2 for r in _log(log)), 120, "a step after the grow", alive)
+        pace.unlink()  # the steps left need not leave a resize time to land
 
     run_local(tmp_path, ["--gpus-per-node", "1", "--job-name", "ddp", "--term-timeout", "20"],
               ["ddp_restart.py", "--steps", "16", "--ckpt-every", "2", "--ckpt-dir", str(tmp_path / "ckpt"),
-               "--log", str(log), "--step-sleep", "0.3"], drive)
+               "--log", str(log), "--step-sleep", "0.3", "--sleep-while", str(pace)], drive)
     rows = _log(log)
     assert sorted({(r[3], r[2]) for r in rows}) == [(0, 2), (1, 1), (2, 2)], rows  # worlds: 2, then 1, then 2
     for before, after in zip(rows, rows[1:]):

@@ -121,8 +121,10 @@ class Run:
 def test_mixer_live_on_slurm_shrinks_4_to_2_and_grows_back_bit_exact(slurm_testbed, tmp_path, capsys):
     log, dump, steps = tmp_path / "steps.log", tmp_path / "dump", 68  # grow committed at step 36 when measured
     dump.mkdir()
+    pace = tmp_path / "pace"  # the script's --step-sleep applies while it exists: until both resizes are done
+    pace.touch()
     run = Run(slurm_testbed, tmp_path, "mixer-sl", "--layouts tp2dp4,tp2dp2",
-              f"mixer_live.py --steps {steps} --log {log} --dump-dir {dump} --step-sleep 0.25")
+              f"mixer_live.py --steps {steps} --log {log} --dump-dir {dump} --step-sleep 0.25 --sleep-while {pace}")
     try:
         run.wait(lambda: len(mixer_rows(log)) >= 3, "3 steps on tp2dp4", timeout=150)
         assert (run.job().state, run.job().mode, run.job().slurm_job_id) == ("running", "live", str(run.slurm_id))
@@ -132,6 +134,7 @@ def test_mixer_live_on_slurm_shrinks_4_to_2_and_grows_back_bit_exact(slurm_testb
             run.wait(lambda: mixer_rows(log)[-1][0] >= first + 1, "two steps on tp2dp2")
 
         run.shrink_then_grow(two_steps_on_two_nodes)
+        pace.unlink()
         run.finish()
     finally:
         run.cancel()
@@ -156,14 +159,17 @@ def test_mixer_live_on_slurm_shrinks_4_to_2_and_grows_back_bit_exact(slurm_testb
 
 def test_ddp_restart_on_slurm_gets_sigterm_and_resumes_where_it_stopped(slurm_testbed, tmp_path, capsys):
     log, steps = tmp_path / "steps.log", 28  # the 4-worker world reached step 10 in a measured run
+    pace = tmp_path / "pace"  # the script's --step-sleep applies while it exists: until both resizes are done
+    pace.touch()
     run = Run(slurm_testbed, tmp_path, "ddp-sl", "--term-timeout 30",
               f"ddp_restart.py --steps {steps} --ckpt-every 1000 --ckpt-dir {tmp_path}/ckpt --log {log} "
-              "--step-sleep 0.3 --save-on-term")
+              f"--step-sleep 0.3 --sleep-while {pace} --save-on-term")
     try:
         run.wait(lambda: len(ddp_rows(log)) >= 3, "3 steps on 8 workers", timeout=150)
         assert (run.job().state, run.job().mode) == ("running", "restart")
         run.shrink_then_grow(lambda: run.wait(lambda: len([r for r in ddp_rows(log) if r[3] == 1]) >= 2,
                                               "two steps on 4 workers"))
+        pace.unlink()
         run.finish()
     finally:
         run.cancel()
