@@ -201,18 +201,24 @@ class RestartMode:
         return out
 
     def on_failure(self, dead: dict[int, int]):
-        """A worker failed: restart the whole world on the same nodes (torchrun's --max-restarts)."""
+        """A worker failed: restart the whole world on the same nodes (torchrun's --max-restarts). A worker
+        of the new world that fails before it formed (a script that crashes on every start) is a failure
+        too: it counts, and the world is restarted again until --max-restarts is used up."""
         from launcher.transaction import Outcome
 
         la = self.la
-        self.failures += 1
-        la.log(f"workers {sorted(dead)} failed (exit codes {sorted(set(dead.values()))}); {la.log_hint(dead)}")
-        if self.failures > la.opts.max_restarts:
-            out = Outcome("failure", False, f"workers {sorted(dead)} failed and --max-restarts "
-                                            f"{la.opts.max_restarts} is used up")
-            la.outcomes.append(out)
-            return out
-        return self.restart_to(la.active, "failure")
+        while True:
+            self.failures += 1
+            la.log(f"workers {sorted(dead)} failed (exit codes {sorted(set(dead.values()))}); {la.log_hint(dead)}")
+            if self.failures > la.opts.max_restarts:
+                out = Outcome("failure", False, f"workers {sorted(dead)} failed and --max-restarts "
+                                                f"{la.opts.max_restarts} is used up")
+                la.outcomes.append(out)
+                return out
+            out = self.restart_to(la.active, "failure")
+            dead = {d: rc for d, rc in la.dead(all_codes=True).items() if rc != 0}
+            if out.ok or not dead:
+                return out
 
     def poll_once(self) -> bool:
         """One round of checks in restart mode; False once the job is over."""

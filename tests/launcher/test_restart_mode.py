@@ -147,8 +147,9 @@ def test_a_restart_that_had_to_kill_says_so_in_its_history(tmp_path: Path, capsy
 
 
 def test_a_worker_that_fails_every_start_uses_up_max_restarts_and_the_job_says_why(tmp_path: Path) -> None:
-    """torchrun's --max-restarts: the first world and one restart fail, then the job ends failed, and
-    `elastic jobs` (Store.why_failed) says why; each start left its TORCHELASTIC_RESTART_COUNT."""
+    """torchrun's --max-restarts: the first world and one restart fail (each after its world formed), then
+    the job ends failed, and `elastic jobs` (Store.why_failed) says why; each start left its
+    TORCHELASTIC_RESTART_COUNT."""
     seen = tmp_path / "starts"
     seen.mkdir()
     prog = ("import os, sqlite3, sys, time\n"
@@ -168,3 +169,20 @@ def test_a_worker_that_fails_every_start_uses_up_max_restarts_and_the_job_says_w
     store = Store(f"sqlite:///{tmp_path}/e.db")
     job = store.find_job("crash")
     assert (job.state, store.why_failed(job.id)) == ("failed", "workers [0] failed and --max-restarts 1 is used up")
+
+
+def test_a_script_that_crashes_on_every_start_gets_every_restart(tmp_path: Path) -> None:
+    """A worker that exits before its world formed (a crash on import) is a failure like any other: with
+    --max-restarts 2 the world starts 3 times (before, the first restart that did not form ended the job)."""
+    seen = tmp_path / "starts"
+    seen.mkdir()
+    prog = "import os, sys; open(sys.argv[1] + '/' + os.environ['TORCHELASTIC_RESTART_COUNT'], 'w').close(); sys.exit(3)"
+    r = launch(tmp_path, "--mode", "restart", "--nnodes", "1", "--gpus-per-node", "1", "--max-restarts", "2",
+               "--job-name", "crash", "--", "python", "-c", prog, str(seen))
+    assert r.returncode != 0, r.stderr
+    assert sorted(p.name for p in seen.iterdir()) == ["0", "1", "2"]
+    store = Store(f"sqlite:///{tmp_path}/e.db")
+    job = store.find_job("crash")
+    assert (job.state, store.why_failed(job.id)) == ("failed", "workers [0] failed and --max-restarts 2 is used up")
+    restarts = store.history(job="crash")
+    assert [(m["kind"], m["status"]) for m in restarts] == [("restart", "failed")] * 2
