@@ -18,7 +18,7 @@ from launcher import control as C
 from launcher.backends import AcquireFailed, CannotAcquire, NodeBackend, NodeHandle, Reporter
 from launcher.options import Options
 from launcher.pause import PendingPauses
-from launcher.runtime_moves import shape
+from launcher.runtime_moves import known_model, shapes
 from launcher.start_request import StartRequest, checkpoint_dir
 from launcher.survival import auto_checkpoint_every, survival
 from launcher.transaction import MigrationFailed, Outcome, TrainingEnded, Transaction
@@ -143,7 +143,9 @@ class Launcher:
                 layouts[str(devices)] = str(self.choose(devices))
             except LayoutError:
                 continue
-        return {"model": self.ctl.model(), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
+        from launcher.worker import model_info
+
+        return {"model": model_info(self.model), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
                 "gpus_per_node": self.gpn, "layouts": layouts, "placement": self.opts.placement,
                 "checkpoint_every": self.opts.checkpoint_every,
                 "survives": survival(self.current.layout, self.current.devices, self._node_of()).as_dict()}
@@ -157,7 +159,7 @@ class Launcher:
         said = survival(self.current.layout, self.current.devices, self._node_of()).describe()
         self.log(f"job {self.job_id}: {self.current.layout} {said}")
         self.db.audit("elastic-launch", "survival", f"job:{self.job_id}", f"{self.current.layout} {said}")
-        if not self.generic:  # the dashboard's dry run plans the reference GPT only
+        if self.model is not None:  # the dashboard's dry run plans the reference GPT only
             self.db.set_launch_spec(self.job_id, self.launch_spec())
 
     def record_loss(self) -> None:
@@ -293,7 +295,7 @@ class Launcher:
                              self.opts.master_port, server=True)
         self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port}; {self.backend.describe()}")
         self.request = StartRequest.for_job(self.opts, self.db.url, self.ctl.port)
-        self.ctl.set_json(C.KEY_SHAPES, sorted({shape(c) for c in self.opts.layouts} | {"pp1tp1"}))
+        self.ctl.set_json(C.KEY_SHAPES, shapes(self))
         nodes = self.alloc[:self.opts.max_nodes]
         mode = self.opts.mode
         if mode == "auto" and (self.opts.model is not None or self.opts.resume
@@ -340,7 +342,9 @@ class Launcher:
 
         spec = self.ctl.model()
         self.generic = spec.get("kind") == "generic"
-        self.model = None if self.generic else ModelSpec(**spec)
+        # the reference GPT (python -m launcher.worker) joins through the runtime too: its layouts are
+        # checked against its ModelSpec, read from the command line as --layouts was (options.model_from_command)
+        self.model = (known_model(self) if self.generic else ModelSpec(**spec))
         layout = self.choose(self.devices_on(nodes))
         self.current = RankMap(layout, self._start_devices(layout, nodes))
         devices = self.current.devices

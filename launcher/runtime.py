@@ -90,8 +90,11 @@ class Job:
     """One worker of a live-mode job (see the module docstring); made by `join`."""
 
     def __init__(self, ctl: C.Control, device: int, model: Callable, tp_plan: Mapping | None,
-                 optimizer: Callable, state: Mapping[str, object], manifest: Callable | None = None) -> None:
+                 optimizer: Callable, state: Mapping[str, object], manifest: Callable | None = None,
+                 collective_timeout: float = 120.0, local: tuple[int, int] = (0, 1)) -> None:
         self.ctl, self.device = ctl, device
+        self.timeout = collective_timeout  # seconds a collective may wait for a peer
+        self._local = local  # (local rank, workers per node): torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE
         self._produce = manifest  # layout -> this rank's Manifest, for a model that shards itself
         self._mcache: dict[str, list] = {}
         self._build_model, self.tp_plan, self._build_opt = model, dict(tp_plan or {}), optimizer
@@ -309,7 +312,7 @@ class Job:
         t0 = time.perf_counter()
         keep = keep and self.ctl.pg_members == list(devices)
         try:
-            rank = self.ctl.join_world(world, devices, self.device, 120.0, abort_key=f"abort/{world}", keep=keep)
+            rank = self.ctl.join_world(world, devices, self.device, self.timeout, abort_key=f"abort/{world}", keep=keep)
         except C.WorldAborted:
             self.model = self.optimizer = None
             self._kept = None if local is None else {"local": local, "step": self.step,
@@ -319,7 +322,11 @@ class Job:
         lay = parse_layout(layout, rank, len(devices))
         lay.mesh = device_mesh(lay)
         groups_s = time.perf_counter() - t0
-        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(len(devices)), "ELASTIC_LAYOUT": lay.name})
+        # torchrun's variables for the code of this world (MASTER_* name the control-plane store)
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(len(devices)), "LOCAL_RANK": str(self._local[0]),
+                           "LOCAL_WORLD_SIZE": str(self._local[1]), "MASTER_ADDR": self.ctl.host,
+                           "MASTER_PORT": str(self.ctl.port), "ELASTIC_VIRTUAL_RANK": str(rank),
+                           "ELASTIC_LAYOUT": lay.name})
         self.model, self.optimizer = self._build(lay)
         self.layout, self.devices, self.world = lay, list(devices), world
         if local is not None:
@@ -459,16 +466,20 @@ class Job:
         release_early = bool(ev.get("release_early"))
         other = time.perf_counter() - t0
         try:
-            self.ctl.join_world(f"m{e}", members, self.device, 120.0, abort_key=f"ev/{e}/commit", keep=healthy)
+            self.ctl.join_world(f"m{e}", members, self.device, self.timeout, abort_key=f"ev/{e}/commit", keep=healthy)
             t1 = time.perf_counter()
-            runtime_faults.die_at(self.fault, "round", 0, self.log)
+            # $ELASTIC_FAULT round:N: SIGKILL before transfer window N (round 0: before the first message)
+            later = self.fault is not None and self.fault[0] == "round" and bool(self.fault[1])
+            if not later:
+                runtime_faults.die_at(self.fault, "round", 0, self.log)
+            on_window = (lambda i: runtime_faults.die_at(self.fault, "round", i, self.log)) if later else None
             rank_of = dict(zip(members, self.ctl.world_ranks(members)))
             procs_old = [rank_of[d] if r in alive else -1 for r, d in enumerate(prev["devices"])]
             procs_new = [rank_of[d] for d in curr["devices"]]
             result = execute(transfers, old_rank, new_rank, held["local"] if old_rank is not None else {},
                              old_ms[old_rank] if old_rank is not None else None,
                              new_ms[new_rank] if new_rank is not None else None, procs_old, procs_new,
-                             release_early=release_early, targets=targets, verify=True)
+                             release_early=release_early, targets=targets, verify=True, on_window=on_window)
             t2 = time.perf_counter()
             self.ctl.mark("moved")
             runtime_faults.die_at(self.fault, "commit", None, self.log)
@@ -624,7 +635,8 @@ def _default_threads() -> None:
 
 # -- joining --------------------------------------------------------------------------------------
 def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None,
-         state: Mapping[str, object] | None = None, manifest: Callable | None = None) -> Job:
+         state: Mapping[str, object] | None = None, manifest: Callable | None = None,
+         model_info: Mapping | None = None, collective_timeout: float = 120.0) -> Job:
     """Join the elastic job as one live-mode worker; returns the Job whose `next_step()` drives training.
 
     model(layout) -> nn.Module: the whole model, created identically on every rank (seed it); with
@@ -634,7 +646,10 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
     manifest(layout) -> migrate.manifest.Manifest: for a model that shards itself (its parameters are plain
     tensors holding its TP shard, Megatron-style, e.g. migrate.gpt_live), what the rank `layout.rank` of a
     layout holds (called for layouts no process holds yet too); without it the runtime derives it from
-    `tp_plan` on the meta device.
+    `tp_plan` on the meta device. model_info: what the script says its model is (JSON-able, e.g. its model
+    flags): every worker of the job must give the same, a worker whose model differs exits with status 2 and
+    one line naming both. collective_timeout: seconds a collective (and forming a process group) may wait
+    for a peer before failing.
 
     Every worker computes on OMP_NUM_THREADS threads, 1 unless the environment sets it (torchrun's
     default, which the workers started in restart mode get): workers started later by a grow then
@@ -644,19 +659,23 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
     if C.ENV_STORE not in os.environ:
         raise RuntimeError(f"{JOIN_CALL}: this program must be started by elastic-launch (${C.ENV_STORE} is unset)")
     _default_threads()
-    device, _local_id, _gpn = device_from_env()
+    device, local_id, gpn = device_from_env()
     ctl = C.Control.from_env()
     ctl.hello(device)
-    job = Job(ctl, device, model, tp_plan, optimizer, state or {}, manifest)
+    job = Job(ctl, device, model, tp_plan, optimizer, state or {}, manifest, collective_timeout, (local_id, gpn))
     # the launcher places ranks with the ETC planner over these, for every layout shape it may choose
     shapes = ctl.get_json(C.KEY_SHAPES) if ctl.has(C.KEY_SHAPES) else ["pp1tp1"]
-    spec = {"kind": "generic", "tp_plan": sorted(job.tp_plan),
+    spec = {"kind": "generic", "tp_plan": sorted(job.tp_plan), "info": dict(model_info or {}),
             "manifests": {s: [m.to_list() for m in job._class_manifests(s)] for s in shapes}}
     spec = json.loads(json.dumps(spec, sort_keys=True))
     agreed = ctl.offer_model(spec)
     if agreed != spec:
-        print(f"runtime: this worker's model {spec['tp_plan']} differs from the job's {agreed.get('tp_plan')} "
-              "(or its state manifests do)", file=sys.stderr)
+        if spec["info"] != agreed.get("info"):
+            print(f"runtime: device {device}: model {spec['info']} differs from the job's {agreed.get('info')}; "
+                  "give every worker the same model flags", file=sys.stderr)
+        else:
+            print(f"runtime: this worker's model {spec['tp_plan']} differs from the job's {agreed.get('tp_plan')} "
+                  "(or its state manifests do)", file=sys.stderr)
         raise SystemExit(2)
     ctl.set_ready(device, {"pid": os.getpid(), "host": socket.gethostname(), "api": "runtime"})
     return job

@@ -13,9 +13,9 @@ could not form, torch.distributed's own errors, or any RuntimeError while the la
 world aborted (gloo reports a closed socket as a plain RuntimeError); the launcher sets the mark within
 a poll of seeing the process end, so a RuntimeError waits up to `ABORT_WAIT_S` for it.
 
-Fault injection for tests (here and in launcher.worker): $ELASTIC_FAULT = "DEVICE:POINT[:N]", POINT one
+Fault injection for tests: $ELASTIC_FAULT = "DEVICE:POINT[:N]", POINT one
 of `step` (SIGKILL in step N, after the gradients, before the commit vote), `round` (in a migration's
-transfer), `commit` (after a migration's transfer, before its commit vote), `committed` (right after
+transfer, before its window N: migrate.transfer's rounds of messages; a process with fewer windows lives), `commit` (after a migration's transfer, before its commit vote), `committed` (right after
 the migration committed, before reporting), `ckpt` (live mode only: inside the background write of the
 first safety checkpoint of a step >= N, after this rank's files, before the metadata; launcher.runtime_ckpt).
 """

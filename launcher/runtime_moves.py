@@ -21,25 +21,54 @@ if TYPE_CHECKING:
     from launcher.loop import Launcher
 
 
-def layouts_for(la: "Launcher"):
-    """Allowed layouts of a generic model: --layouts (any PP x TP x DP: the workers build their stages
-    and manifests themselves), else pure DP."""
-    return list(la.opts.layouts)
+#: the most devices whose layouts are enumerated up front (shapes) for a job without --layouts
+MAX_SHAPE_DEVICES = 1024
+
+
+def known_model(la: "Launcher"):
+    """The job's ModelSpec when its program is the reference worker (python -m launcher.worker, read from
+    its model flags as options do), else None: a model only the workers know."""
+    from launcher.options import model_from_command
+
+    return la.opts.model if la.opts.model is not None else model_from_command(la.opts.command)
 
 
 def choose(la: "Launcher", devices: int):
+    """The layout on `devices` devices: --layouts (any PP x TP x DP: the workers build their stages and
+    manifests themselves), each checked against the job's ModelSpec when the launcher knows it (a layout
+    the model cannot take is refused with the reason, before anything moves: launcher.policy); without
+    --layouts every grid the model takes, or pure DP for a model the launcher does not know."""
     from launcher.policy import choose_layout
     from migrate.layout import ParallelConfig
 
-    allowed = layouts_for(la)
-    if not allowed:
+    allowed, model = list(la.opts.layouts), la.model
+    if not allowed and model is None:
         return ParallelConfig(dp=devices)
-    return choose_layout(devices, la.gpn, allowed, None)
+    return choose_layout(devices, la.tp_fit, allowed, model)
 
 
 def shape(layout) -> str:
     """What a layout's state manifests depend on: its pipeline and TP sizes (not DP: replicas)."""
     return f"pp{layout.pp}tp{layout.tp}"
+
+
+def shapes(la: "Launcher") -> list[str]:
+    """Every layout shape the job may run (control.KEY_SHAPES: the workers offer their manifests for these):
+    those of --layouts, or, for the reference worker without --layouts, of every layout the policy picks
+    on 1 to the job's most devices."""
+    from launcher.policy import choose_layout
+    from migrate.layout import LayoutError
+
+    out = {shape(c) for c in la.opts.layouts} | {"pp1tp1"}
+    model = known_model(la)
+    if model is not None and not la.opts.layouts:
+        largest = max((la.devices_on([n]) for n in la.alloc), default=la.gpn)
+        for d in range(1, min(la.opts.max_nodes * largest, MAX_SHAPE_DEVICES) + 1):
+            try:
+                out.add(shape(choose_layout(d, la.tp_fit, (), model)))
+            except LayoutError:
+                continue
+    return sorted(out)
 
 
 def class_manifests(la: "Launcher", layout) -> list:
@@ -75,14 +104,22 @@ def placement(la: "Launcher", layout, prev, target: list[str], failed=frozenset(
     return placed.devices
 
 
-def check_covered(la: "Launcher", old, new, failed) -> None:
-    """ManifestError when some piece of the new layout's state has no surviving holder (pure)."""
+def plan_bytes(la: "Launcher", old, new, failed) -> dict:
+    """What the move costs, as `elastic plan` reports an ETC plan (pure): bytes_moved (crossing between
+    processes), bytes_state_total (one replica of the new layout's state) and bytes_checkpoint (a save
+    and load through storage instead: one replica written, every new rank's share read back).
+    ManifestError when some piece of the new layout's state has no surviving holder."""
     from migrate.manifest import Manifest
-    from migrate.reshard import plan_transfers
+    from migrate.reshard import plan_transfers, transfer_bytes
 
     old_ms = [Manifest(()) if d in set(failed) else m for d, m in zip(old.devices, rank_manifests(la, old.layout))]
     same = {r: old.devices.index(d) for r, d in enumerate(new.devices) if d in old.devices and d not in set(failed)}
-    plan_transfers(old_ms, rank_manifests(la, new.layout), same)
+    new_ms = rank_manifests(la, new.layout)
+    transfers = plan_transfers(old_ms, new_ms, same)
+    moved = sum(transfer_bytes(t, new_ms[t.dst].by_fqn()[t.fqn]) for t in transfers if same.get(t.dst) != t.src)
+    # every piece once (a TP-replicated one, e.g. a layer norm, is in every TP rank's manifest)
+    total = sum(e.nbytes for e in {e for m in class_manifests(la, new.layout) for e in m.entries})
+    return {"bytes_moved": moved, "bytes_state_total": total, "bytes_checkpoint": total * (1 + new.layout.dp)}
 
 
 def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeout: float | None = None,
@@ -98,21 +135,24 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
     before, old = la.active, la.current
     failed = sorted(failed)
     unusable = set(la.lost) - set(failed)
+    t_plan = time.perf_counter()
     try:
         avail = la.devices_on(target) - len([d for d in set(failed) | unusable
                                              if la.topology.devices[d].node in target])
         layout = choose(la, avail)
         new = RankMap(layout, placement(la, layout, old, target, failed, unusable))
-        check_covered(la, old, new, failed)
+        cost = plan_bytes(la, old, new, failed)
     except (LayoutError, ManifestError) as exc:
         return Transaction(la, trigger).refuse(f"no plan: {exc}")
+    plan_s = time.perf_counter() - t_plan
     out = Outcome(trigger, False, "", from_layout=str(old.layout), to_layout=str(layout),
-                  nodes_before=len(before), nodes_after=len(before))
+                  nodes_before=len(before), nodes_after=len(before), bytes_checkpoint=cost["bytes_checkpoint"])
     new_nodes = [n for n in target if n not in la.handles]
     leaving = [n for n in before if n not in target]
     mid = la.db.start_migration(la.job_id, out.from_layout, out.to_layout, trigger,
-                                {"generic": True, "nodes": target, "failed": failed,
-                                 "placement": list(new.devices)}, la.db.fragmentation(la.job_id))
+                                {"generic": True, "from": out.from_layout, "to": out.to_layout, "nodes": target,
+                                 "failed": failed, "placement": list(new.devices), **cost,
+                                 "plan_ms": round(plan_s * 1000, 3)}, la.db.fragmentation(la.job_id))
     out.migration_id = mid
     e = la.epoch + 1
     t0 = time.perf_counter()
@@ -137,7 +177,8 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
                 h.kill()
         ended = isinstance(exc, TrainingEnded)  # declined: the old layout's workers have exited
         out.message = str(exc) if ended else f"migration failed: {exc}"
-        la.db.finish_migration(mid, exc.status, None, None, None, {}, error=out.message)
+        la.db.finish_migration(mid, exc.status, cost["bytes_moved"], out.bytes_checkpoint, None, {"plan": plan_s},
+                               error=out.message)
         la.log(out.message)
         la.outcomes.append(out)
         if not ended:
@@ -145,7 +186,7 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
         return out
     phases = {k: max(r.get("phases", {}).get(k, 0.0) for r in results.values())
               for k in ("build_groups", "execute", "rebuild", "other")}
-    phases["plan"] = 0.0
+    phases["plan"] = plan_s
     out.marks = {d: r.get("marks", {}) for d, r in results.items()}  # launcher.timeline (elastic bench --explain)
     out.worlds = (la.world, f"w{e}")
     la.pauses.add(mid, la.world, f"w{e}", out)
@@ -165,7 +206,7 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
     # every transferred piece's digests compared at both ends (migrate.reshard.execute verify=True; a
     # mismatch anywhere fails every participant, so a committed move verified is bit-exact)
     out.bit_exact = all(r.get("verified") for r in results.values())
-    la.db.finish_migration(mid, "succeeded", out.bytes_moved, None, out.bit_exact, phases, error=error,
+    la.db.finish_migration(mid, "succeeded", out.bytes_moved, out.bytes_checkpoint, out.bit_exact, phases, error=error,
                            fragmentation_after=la.db.fragmentation(la.job_id), at_step=out.at_step)
     out.ok, out.phases, out.nodes_after = error is None, phases, len(la.active)
     out.message = error or f"{out.from_layout} -> {out.to_layout}, {len(before)} -> {out.nodes_after} nodes " \

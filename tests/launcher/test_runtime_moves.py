@@ -34,14 +34,18 @@ def test_a_failure_that_leaves_a_replica_keeps_its_devices(failed, kept) -> None
     la, old = _launcher(), RankMap(TP2DP2, (0, 1, 2, 3))
     devices = runtime_moves.placement(la, TP2DP1, old, ["node0", "node1"], failed)
     assert devices == kept  # the surviving full replica: nothing moves
-    runtime_moves.check_covered(la, old, RankMap(TP2DP1, devices), failed)
+    cost = runtime_moves.plan_bytes(la, old, RankMap(TP2DP1, devices), failed)
+    # by hand: Linear(4, 8) + Linear(8, 4) in fp32 with Adam's two moments and a step per parameter,
+    # every piece once (the row-parallel bias is replicated)
+    state = (3 * (8 * 4 + 8 + 4 * 8 + 4) + 4) * 4
+    assert cost == {"bytes_moved": 0, "bytes_state_total": state, "bytes_checkpoint": 2 * state}
 
 
 def test_losing_both_holders_of_a_tp_shard_is_not_covered() -> None:
     la, old = _launcher(), RankMap(TP2DP2, (0, 1, 2, 3))
     devices = runtime_moves.placement(la, TP2DP1, old, ["node0", "node1"], [1, 3])
     with pytest.raises(ManifestError, match="held by no old rank"):
-        runtime_moves.check_covered(la, old, RankMap(TP2DP1, devices), [1, 3])
+        runtime_moves.plan_bytes(la, old, RankMap(TP2DP1, devices), [1, 3])
 
 
 def test_ranks_stay_off_nodes_outside_the_target_and_tp_groups_stay_inside_a_node() -> None:
@@ -56,3 +60,25 @@ def test_a_shape_the_workers_offered_no_manifests_for_is_one_line() -> None:
         runtime_moves.class_manifests(_launcher(), ParallelConfig.parse("tp4"))
     assert runtime_moves.rank_manifests(_launcher(), TP2DP2)[3] == Manifest.from_list(
         _launcher().ctl.model()["manifests"]["pp1tp2"][1])
+
+
+def test_a_shrink_moves_the_shards_the_kept_rank_lacks() -> None:
+    la, old = _launcher(), RankMap(TP2DP2, (0, 1, 2, 3))
+    cost = runtime_moves.plan_bytes(la, old, RankMap(ParallelConfig.parse("pp1tp1"), (0,)), [])
+    # device 0 keeps TP shard 0, the replicated bias and the steps; by hand it lacks half of each split
+    # tensor and of its two moments
+    assert cost["bytes_moved"] == 3 * (8 * 4 // 2 + 8 // 2 + 4 * 8 // 2) * 4
+    assert cost["bytes_state_total"] == (3 * (8 * 4 + 8 + 4 * 8 + 4) + 4) * 4
+
+
+def test_layouts_the_reference_model_cannot_take_are_refused_with_the_reason() -> None:
+    from launcher.policy import NoLayoutError
+    from migrate.layout import ModelSpec
+
+    la = types.SimpleNamespace(model=ModelSpec(layers=4, hidden=128, vocab=512, seq_len=32), tp_fit=2,
+                               opts=types.SimpleNamespace(layouts=[ParallelConfig.parse("pp3"),
+                                                                   ParallelConfig.parse("pp2")]))
+    assert str(runtime_moves.choose(la, 3)) == "pp2tp1dp1"  # 3 devices fit pp3, but 4 layers do not split in 3
+    la.opts.layouts = [ParallelConfig.parse("pp3")]
+    with pytest.raises(NoLayoutError, match="pp3tp1dp1.*layers"):
+        runtime_moves.choose(la, 3)
