@@ -223,7 +223,7 @@ class Exchange:
         staging_in = torch.empty(temp_in, dtype=torch.uint8, device=device)
         staging_out = torch.empty(temp_out, dtype=torch.uint8, device=device)
         self.stats.staging_bytes = temp_in + temp_out
-        acks: list[tuple[object, torch.Tensor, int, _Message]] = []  # release mode: digests to confirm
+        acks = _Acks(self.group)  # release mode: confirmations of what arrived
         try:
             for i, window in enumerate(windows):
                 if on_window is not None:
@@ -263,7 +263,8 @@ class Exchange:
         return torch.device("cuda", torch.cuda.current_device()) \
             if dist.is_initialized() and dist.get_backend(self.group) == "nccl" else torch.device("cpu")
 
-    def _window(self, window: list[_Message], staging_in: torch.Tensor, staging_out: torch.Tensor, acks: list) -> None:
+    def _window(self, window: list[_Message], staging_in: torch.Tensor, staging_out: torch.Tensor,
+                acks: "_Acks") -> None:
         ops, unpack, sent = [], [], []
         off_in = off_out = 0
         for m in window:
@@ -306,24 +307,18 @@ class Exchange:
                     pos += p.nbytes
             if self.release is None:
                 continue
-            # confirm to the sender what arrived, once it sits in place
+            # what arrived, once it sits in place, confirmed to the sender after the window
             if self.digests:  # the pieces' digests, which the final comparison reuses
                 for p in m.pieces:
                     self.got[p.key] = view_digest(p.tensor, self._scratch)
-                ack = self._ack([self.got[p.key] for p in m.pieces])
+                acks.landed(m.peer, [self.got[p.key] for p in m.pieces])
             else:
-                got = buf if buf is not None else _flat(m.pieces[0].tensor)
-                ack = torch.tensor([signed64(unit_digest(got.cpu()))], dtype=torch.int64)
-            acks.append((dist.isend(ack, group=self.group, group_dst=m.peer, tag=ACK_TAG), ack, 0, None))
+                acks.landed(m.peer, [unit_digest(buf if buf is not None else _flat(m.pieces[0].tensor))])
+        if self.release is None:
+            return
+        acks.confirm()
         for m, buf in sent:
-            if self.release is None:
-                continue
-            if self.digests:
-                want = int(self._ack([self.sent[p.key] for p in m.pieces]).item())
-            else:
-                want = signed64(unit_digest(buf.cpu()))
-            box = torch.zeros(1, dtype=torch.int64)
-            acks.append((dist.irecv(box, group=self.group, group_src=m.peer, tag=ACK_TAG), box, want, m))
+            acks.expect(m, [self.sent[p.key] for p in m.pieces] if self.digests else [unit_digest(buf)])
         if self.release is None:
             for m, _buf in sent:
                 for p in m.pieces:
@@ -342,30 +337,12 @@ class Exchange:
             self.sent[p.key] = unit_digest(buf[pos:pos + p.nbytes].view(t.dtype).view(t.shape))
             pos += p.nbytes
 
-    @staticmethod
-    def _ack(digests: list[int]) -> torch.Tensor:
-        """One int64 that confirms a message's pieces: the xxh3 of their digests, in the message's order."""
-        import xxhash
-
-        return torch.tensor([signed64(xxhash.xxh3_64_intdigest(str(digests).encode()))], dtype=torch.int64)
-
-    def _settle(self, acks: list, wait: bool) -> None:
+    def _settle(self, acks: "_Acks", wait: bool) -> None:
         """Release the owners whose receivers confirmed their pieces (release mode)."""
-        keep = []
-        for item in acks:
-            req, box, want, m = item
-            if not wait and not req.is_completed():
-                keep.append(item)
-                continue
-            req.wait()
-            if m is None:
-                continue
-            if int(box.item()) != want:
-                raise TransferError(f"rank {m.peer} received a piece that differs from what was sent (digest)")
+        for m in acks.confirmed(wait):
             for p in m.pieces:
                 self._used(p.owner)
                 p.source = None  # the view would keep the released old tensor's memory alive
-        acks[:] = keep
 
     def _used(self, owner: Hashable | None) -> None:
         if owner is None or owner not in self._uses:
@@ -378,3 +355,72 @@ class Exchange:
         self._uses.pop(owner, None)
         self.stats.released += 1
         self.release(owner)
+
+
+def _combined(digests: list[int]) -> int:
+    """One int64 for a run of messages' digests (xxh3 of them in order): what an acknowledgement carries."""
+    import xxhash
+
+    return signed64(xxhash.xxh3_64_intdigest(str(digests).encode()))
+
+
+class _Acks:
+    """Release mode's confirmations, one message per peer and window, not one per message (each message
+    on loopback costs tens of microseconds of CPU at both ends). A receiver confirms, after each of its
+    windows, every message it got from a peer in that window with [count, combined digests]; the sender
+    keeps its sent messages per peer in order (both ends order them alike) and, for each acknowledgement,
+    checks the next `count` of them and hands them back for release. Windows differ between the two
+    ends, so the count travels with the digest."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+        self._got: dict[int, list[int]] = {}  # peer -> digests landed this window, not yet confirmed
+        self._counts: dict[int, int] = {}
+        self._out: list[tuple[object, torch.Tensor]] = []  # acknowledgements on their way
+        self._pending: dict[int, list[tuple[_Message, list[int]]]] = {}  # peer -> sent, unconfirmed (in order)
+        self._box: dict[int, tuple[object, torch.Tensor]] = {}  # peer -> the posted receive of its next ack
+
+    def landed(self, peer: int, digests: list[int]) -> None:
+        self._got.setdefault(peer, []).extend(digests)
+        self._counts[peer] = self._counts.get(peer, 0) + 1
+
+    def confirm(self) -> None:
+        """Send this window's acknowledgements."""
+        for peer, digests in self._got.items():
+            ack = torch.tensor([self._counts[peer], _combined(digests)], dtype=torch.int64)
+            self._out.append((dist.isend(ack, group=self.group, group_dst=peer, tag=ACK_TAG), ack))
+        self._got.clear()
+        self._counts.clear()
+
+    def expect(self, m: _Message, digests: list[int]) -> None:
+        self._pending.setdefault(m.peer, []).append((m, digests))
+        self._post(m.peer)
+
+    def _post(self, peer: int) -> None:
+        if peer not in self._box and self._pending.get(peer):
+            box = torch.zeros(2, dtype=torch.int64)
+            self._box[peer] = (dist.irecv(box, group=self.group, group_src=peer, tag=ACK_TAG), box)
+
+    def confirmed(self, wait: bool) -> list[_Message]:
+        """Sent messages whose receivers confirmed them since the last call (wait: every one, and every
+        acknowledgement this process sent has left). Raises TransferError when a digest differs."""
+        done: list[_Message] = []
+        while self._box:
+            for peer, (req, box) in list(self._box.items()):
+                if not wait and not req.is_completed():
+                    continue
+                req.wait()
+                del self._box[peer]
+                count, got = (int(x) for x in box.tolist())
+                run, self._pending[peer] = self._pending[peer][:count], self._pending[peer][count:]
+                if len(run) != count or _combined([d for _m, ds in run for d in ds]) != got:
+                    raise TransferError(f"rank {peer} received a piece that differs from what was sent (digest)")
+                done += [m for m, _ds in run]
+                self._post(peer)
+            if not wait:
+                break
+        if wait:
+            for req, _ack in self._out:
+                req.wait()
+            self._out.clear()
+        return done
