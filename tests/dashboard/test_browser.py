@@ -220,3 +220,22 @@ def test_cluster_preempt_dry_run_says_a_leader_component_node_stays(page: Any, s
             assert f"{stays} stays allocated, idle" in text and "releases" not in text, text
             assert "cannot resize a heterogeneous job's leader component" in plan.locator(".release-notes").inner_text()
         _shot(page, f"preempt-dry-run-{picked}.png", tmp_path)
+
+
+def test_a_migrations_notes_on_its_page_and_in_the_history_table(page: Any, server: str, db_url: str) -> None:
+    """In Chromium: the launcher's notes of a restart (workers SIGKILLed after --term-timeout, a component
+    giving a node back) are listed on its migration page and in /history's notes column."""
+    notes = ["workers on n2 did not exit within --term-timeout 5 s of SIGTERM; killed",
+             "component 1 (Slurm job 20): n4 released (scontrol update)"]
+    store = Store(db_url)
+    mid = store.start_migration(1, "pp2tp2dp1", "pp2tp2dp2", "resize", {"restart": 1}, {}, kind="restart")
+    store.add_migration_notes(mid, notes)
+    store.finish_migration(mid, "succeeded", None, None, None, {"stop": 5.2})
+    store.close()
+    _login(page, server, "viewer")
+    page.goto(f"{server}/migrations/{mid}")
+    assert page.locator("#notes li").all_inner_texts() == notes
+    assert "restart" in page.locator("#kind").inner_text()
+    page.goto(f"{server}/history")
+    row = page.locator("#history-table tbody tr", has=page.locator(f'a[href="/migrations/{mid}"]'))
+    assert row.locator("td.notes li").all_inner_texts() == notes
