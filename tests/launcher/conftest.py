@@ -29,10 +29,18 @@ def slurm_testbed() -> Iterator[Testbed]:
         testbed.down()
 
 
-@pytest.fixture(scope="module")
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the uneven testbed run last, one after another, so it is reshaped once and back once
+    (about 5 s each way with jobs to drain), not once per module that uses it."""
+    last = [item for item in items if "uneven" in getattr(item, "fixturenames", ())]
+    if last:
+        items[:] = [item for item in items if "uneven" not in getattr(item, "fixturenames", ())] + last
+
+
+@pytest.fixture(scope="session")
 def uneven(slurm_testbed: Testbed) -> Iterator[Testbed]:
     """The testbed in shape 4,4,2,2 (partitions gpu4 = n1,n2 and gpu2 = n3,n4); the default shape
-    is back afterwards, for the other Slurm tests."""
+    is back afterwards, for the other Slurm tests (which run before: pytest_collection_modifyitems)."""
     testbed = Testbed(slurm_testbed.root, gpus=(4, 4, 2, 2))
     testbed.up()
     try:
