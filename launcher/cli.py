@@ -12,7 +12,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench-plan": ("bench_plan", "time the planner from 8 to 16,384 devices"),
     "bench": ("bench", "move real training state and compare with checkpoint restarts"),
     "demo": ("demo", "run a local elastic training demo (shrink and grow on this machine)"),
-    "history": ("history", "query recorded migrations"),
+    "history": ("history", "query recorded migrations: phases, pause, bytes, and under each row why it failed "
+                           "or was declined and its notes"),
     "jobs": ("jobs", "list jobs: state, mode (live/restart), layout, nodes, last step, why a failed job failed"),
     "resize": ("resize", "ask a running job to grow or shrink to N nodes"),
     "preempt": ("preempt", "ask a running job to give nodes back"),
