@@ -33,25 +33,33 @@ from tests.examples.harness import ROOT, assert_state_carried, mixer_rows
 STEPS = 14
 
 
-def _launcher(tmp_path: Path, nodes: int, checkpoint_every: int = 0, **options) -> Launcher:
+def _launcher(tmp_path: Path, nodes: int, checkpoint_every: int = 0, paced: bool = True, **options) -> Launcher:
+    """The job on `nodes` nodes; `paced`: the script sleeps after each step while tmp_path/pace exists
+    (_drive removes it once the launcher has acted on what the test did)."""
     log, dump = tmp_path / "steps.log", tmp_path / "dump"
     dump.mkdir(exist_ok=True)
+    if paced:
+        (tmp_path / "pace").touch()
     cmd = ["python", str(ROOT / "examples" / "mixer_live.py"), "--steps", str(STEPS), "--log", str(log),
-           "--dump-dir", str(dump), "--step-sleep", "0.2"]
+           "--dump-dir", str(dump), "--step-sleep", "0.2", "--sleep-while", str(tmp_path / "pace")]
     opts = Options(1, nodes, 2, [ParallelConfig.parse(x) for x in ("tp2dp2", "tp2dp1")], cmd, job_name="mixer",
                    poll=0.05, ready_timeout=120, migrate_timeout=120, checkpoint_every=checkpoint_every,
                    checkpoint_dir=tmp_path / "ck", **options)
     return Launcher(opts, LocalNodes(nodes, 2, log_dir=tmp_path / f"logs{nodes}"), Store(f"sqlite:///{tmp_path}/e.db"))
 
 
-def _drive(la: Launcher, at_step: int, action) -> int:
-    """Run the job; `action(la)` once the live layout reached `at_step` finished steps."""
+def _drive(la: Launcher, at_step: int, action, pace: Path) -> int:
+    """Run the job; `action(la)` once the live layout reached `at_step` finished steps. Once the launcher has
+    recorded what followed (an outcome after the action) the `pace` file goes: the steps left run at full speed."""
     t0, done = time.monotonic(), []
 
     def until(la: Launcher) -> bool:
         assert time.monotonic() - t0 < 400, f"stuck; outcomes {[o.message for o in la.outcomes]}"
         if not done and la.generic and la.max_step() >= at_step:
-            done.append(action(la))
+            done.append(len(la.outcomes))
+            action(la)
+        if done and len(la.outcomes) > done[0]:
+            pace.unlink(missing_ok=True)
         return False
 
     return la.run(until=until)
@@ -66,7 +74,7 @@ def _kill(devices: list[int]):
 
 def _run(tmp_path: Path, kill: list[int], at_step: int, checkpoint_every: int = 0):
     la = _launcher(tmp_path, 2, checkpoint_every)
-    rc = _drive(la, at_step, _kill(kill))
+    rc = _drive(la, at_step, _kill(kill), tmp_path / "pace")
     return rc, la, la.db, mixer_rows(tmp_path / "steps.log"), tmp_path / "dump"
 
 
@@ -108,18 +116,19 @@ def test_lost_tp_shard_restarts_from_the_safety_checkpoint(tmp_path: Path) -> No
 
 def test_suspend_by_usr1_and_by_request_then_resume_on_another_layout(tmp_path: Path) -> None:
     # USR1 (--on-signal suspend) on tp2dp2, resume on one node (tp2dp1), `elastic suspend` there, resume on two
+    pace = tmp_path / "pace"
     la = _launcher(tmp_path, 2, on_signal="suspend")
-    assert _drive(la, 4, lambda la: os.kill(os.getpid(), signal.SIGUSR1)) == 0, [o.message for o in la.outcomes]
+    assert _drive(la, 4, lambda la: os.kill(os.getpid(), signal.SIGUSR1), pace) == 0, [o.message for o in la.outcomes]
     job = la.db.find_job("mixer")
     assert job.state == "suspended" and job.checkpoint_path.endswith(f"step-{job.checkpoint_step}"), job
     first = job.checkpoint_step
     la = _launcher(tmp_path, 1, resume=True)
-    assert _drive(la, first + 3, lambda la: la.db.add_request(la.job_id, "suspend", {}, "tester")) == 0
+    assert _drive(la, first + 3, lambda la: la.db.add_request(la.job_id, "suspend", {}, "tester"), pace) == 0
     job = la.db.find_job("mixer")
     assert job.state == "suspended" and job.checkpoint_step >= first + 3, job
     second = job.checkpoint_step
-    la = _launcher(tmp_path, 2, resume=True)
-    assert _drive(la, STEPS + 1, lambda la: None) == 0, [o.message for o in la.outcomes]
+    la = _launcher(tmp_path, 2, paced=False, resume=True)  # nothing to land: to the last step at full speed
+    assert _drive(la, STEPS + 1, lambda la: None, pace) == 0, [o.message for o in la.outcomes]
     rows = mixer_rows(tmp_path / "steps.log")
     assert [r[0] for r in rows] == list(range(1, STEPS + 1)), rows  # every step once across both suspends
     assert [r[2] for r in rows] == [8 * s for s in range(1, STEPS + 1)]
@@ -134,7 +143,7 @@ def test_a_worker_dying_inside_a_migration_keeps_the_old_layout_then_recovers(tm
     # device 1 is SIGKILLed by $ELASTIC_FAULT after its transfer of the shrink to one node, before the commit vote
     monkeypatch.setenv("ELASTIC_FAULT", "1:commit")
     la = _launcher(tmp_path, 2)
-    rc = _drive(la, 3, lambda la: la.db.add_request(la.job_id, "shrink", {"nodes": 1}, "tester"))
+    rc = _drive(la, 3, lambda la: la.db.add_request(la.job_id, "shrink", {"nodes": 1}, "tester"), tmp_path / "pace")
     assert rc == 0, [o.message for o in la.outcomes]
     job = la.db.find_job("mixer")
     migs = sorted(la.db.recent_migrations(job.id, limit=10), key=lambda m: m.id)
