@@ -677,5 +677,8 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
             print(f"runtime: this worker's model {spec['tp_plan']} differs from the job's {agreed.get('tp_plan')} "
                   "(or its state manifests do)", file=sys.stderr)
         raise SystemExit(2)
+    from migrate.warmup import first_calls
+
+    first_calls(optimizer)  # first-call costs before ready: a joiner pays them while the old layout trains
     ctl.set_ready(device, {"pid": os.getpid(), "host": socket.gethostname(), "api": "runtime"})
     return job
