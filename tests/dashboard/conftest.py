@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,16 +18,26 @@ SECRET = "test-secret-key-0123456789abcdef"
 PASSWORDS = {"admin": "admin-password", "viewer": "viewer-password"}
 
 
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'dash.db'}"
+@pytest.fixture(scope="session")
+def seeded_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The seeded database, built once: seed_demo on a fake clock and two users (hashing their passwords is
+    most of the ~0.3 s it takes). Tests never open it: each gets its own copy (db_url)."""
+    path = tmp_path_factory.mktemp("seeded") / "dash.db"
     clock = FakeClock()
-    store = Store(url, clock=clock)
+    store = Store(f"sqlite:///{path}", clock=clock)
     seed_demo(store, clock)
     store.add_user("admin", PASSWORDS["admin"], "admin")
     store.add_user("viewer", PASSWORDS["viewer"], "viewer")
     store.close()
-    return url
+    assert [p.name for p in path.parent.iterdir()] == [path.name], "the database is more than its one file"
+    return path
+
+
+@pytest.fixture
+def db_url(seeded_db: Path, tmp_path: Path) -> str:
+    """A database of this test's own, a copy of the seeded one."""
+    shutil.copyfile(seeded_db, tmp_path / "dash.db")
+    return f"sqlite:///{tmp_path / 'dash.db'}"
 
 
 @pytest.fixture
