@@ -3,8 +3,9 @@
 It hosts the control plane (launcher.control), starts one set of workers per node through its
 node backend (launcher.backends), then turns every trigger -- an admin request
 (launcher.admin), USR1, a worker that dies -- into a decision: which nodes the job should run
-on. Carrying a decision out is one `launcher.transaction.Transaction` (plan, record, publish,
-commit or veto, release, record), the same for every trigger.
+on. Carrying a decision out is one live move (launcher.runtime_moves.move: plan, record, publish,
+commit or veto, release, record), a restore from the safety checkpoint or a refusal
+(launcher.transaction.Transaction), the same for every trigger.
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ class Launcher:
         self.restarts = None  # launcher.restart.RestartMode while the job runs in restart mode
         self.restores = 0  # live mode: checkpoint restores after failures so far (count against --max-restarts)
         self.deciding = False  # auto mode: restart mode until the workers join through launcher.runtime
-        self.generic = False  # live mode through launcher.runtime (a model only the workers know)
+        self.generic = False  # live mode: the workers joined through launcher.runtime
         self.last_step = 0  # the last finished step recorded in the database
         self.ckpt_dir = checkpoint_dir(opts, store.url if store else None)
         self.request: StartRequest | None = None  # built once the control plane has its port
@@ -123,13 +124,10 @@ class Launcher:
                 "components": {n: s["component"] for n, s in shapes.items()}}
 
     def choose(self, devices: int):
-        if self.generic:
-            from launcher import runtime_moves
+        """The layout on `devices` devices (launcher.runtime_moves.choose)."""
+        from launcher import runtime_moves
 
-            return runtime_moves.choose(self, devices)
-        from launcher.policy import choose_layout
-
-        return choose_layout(devices, self.tp_fit, self.opts.layouts, self.model)
+        return runtime_moves.choose(self, devices)
 
     def launch_spec(self) -> dict:
         """What the dashboard's dry run of a preempt needs without importing the launcher: the model,
@@ -287,10 +285,6 @@ class Launcher:
     # -- start ----------------------------------------------------------------------------------------
     def start(self) -> None:
         """Host the control plane, start the workers on the first nodes, post the first layout."""
-        from launcher.resume import continue_job, resume_point
-        from migrate.layout import ModelSpec
-        from migrate.topology import RankMap
-
         self.ctl = C.Control("0.0.0.0" if self.opts.master_addr not in ("127.0.0.1", "localhost") else "127.0.0.1",
                              self.opts.master_port, server=True)
         self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port}; {self.backend.describe()}")
@@ -337,14 +331,12 @@ class Launcher:
     def go_live(self, nodes: list[str]) -> None:
         """The workers registered: pick the layout, post it (event 0), record the job."""
         from launcher.resume import continue_job, resume_point
-        from migrate.layout import ModelSpec
         from migrate.topology import RankMap
 
-        spec = self.ctl.model()
-        self.generic = spec.get("kind") == "generic"
-        # the reference GPT (python -m launcher.worker) joins through the runtime too: its layouts are
-        # checked against its ModelSpec, read from the command line as --layouts was (options.model_from_command)
-        self.model = (known_model(self) if self.generic else ModelSpec(**spec))
+        self.generic = True  # every live-mode program joins through launcher.runtime
+        # the reference GPT (python -m launcher.worker) among them: its layouts are checked against its
+        # ModelSpec, read from the command line as --layouts was (options.model_from_command)
+        self.model = known_model(self)
         layout = self.choose(self.devices_on(nodes))
         self.current = RankMap(layout, self._start_devices(layout, nodes))
         devices = self.current.devices
@@ -377,19 +369,14 @@ class Launcher:
     def _start_devices(self, layout, nodes: list[str]) -> tuple[int, ...]:
         """Where the ranks start: in device order (--placement packed, or DP = 1), else where the
         planner's resilient placement puts them (no node holds every replica of a stage)."""
-        from migrate.plan import plan
-        from migrate.topology import RankMap, Topology
+        from launcher import runtime_moves
+        from migrate.topology import RankMap
 
         devices = tuple(d for n in nodes for d in self.node_devices(n))[:layout.world_size]
         if self.opts.placement == "packed" or layout.dp < 2:
             return devices
-        if self.generic:  # the workers' state manifests are the byte workload
-            from launcher import runtime_moves
-
-            return runtime_moves.placement(self, layout, RankMap(layout, devices), nodes)
-        p = plan(self.model, RankMap(layout, devices), layout, Topology(self.topology.devices, frozenset(nodes)),
-                 placement="resilient")
-        return p.curr.devices
+        # the workers' state manifests are the byte workload
+        return runtime_moves.placement(self, layout, RankMap(layout, devices), nodes)
 
     # -- decisions: which nodes next ------------------------------------------------------------------
     def migrate_to(self, target: list[str], trigger: str, failed: Sequence[int] = (),
@@ -397,11 +384,9 @@ class Launcher:
         """Move the job onto the nodes `target` (pinned node included) with the next layout."""
         if self.restarts is not None:
             return self.restarts.restart_to(target, trigger)
-        if self.generic:
-            from launcher import runtime_moves
+        from launcher import runtime_moves
 
-            return runtime_moves.move(self, target, trigger, failed, ready_timeout, note)
-        return Transaction(self, trigger).move(target, failed, ready_timeout, note)
+        return runtime_moves.move(self, target, trigger, failed, ready_timeout, note)
 
     def shrink_to(self, n: int, trigger: str) -> Outcome:
         n = max(n, self.opts.min_nodes)

@@ -1,7 +1,7 @@
 """Suspend and resume: the job's state written once into a checkpoint, and a later run going on from it.
 
 Suspend (USR1 with --on-signal suspend, a `suspend` request): every training worker writes its
-part of the state (migrate.checkpoint) into --checkpoint-dir/step-<S> at one agreed step boundary
+part of the state (launcher.runtime_ckpt) into --checkpoint-dir/step-<S> at one agreed step boundary
 and exits; the job is recorded as suspended with that checkpoint. `elastic-launch --resume` (or a
 pending `resume` request for the suspended job) loads it on whatever layout and device count the
 new run gets and goes on at step S+1, as the same job in the database.

@@ -1,11 +1,12 @@
-"""One migration of a running job as a transaction: plan → record → publish → commit or veto → release → record.
+"""What a trigger led to, recorded: the Outcome of every trigger, and the outcomes that are not a live move.
 
-Every trigger (a resize, a preemption, USR1, a worker that died, a restore from a safety
-checkpoint) goes through the same object: the control loop (launcher.loop) only decides the
-target nodes and the trigger; `Transaction` does the rest and always ends in one recorded
-outcome. A migration that does not commit leaves the job on its old layout (the workers resume
-it, or the next poll recovers from the dead); a node release that fails after the commit
-leaves the job on the new layout with the nodes still allocated, and says so.
+A live move (a resize, a preemption, USR1, a worker that died and left a replica) is
+launcher.runtime_moves.move: plan, record, publish, commit or veto, release, record. `Transaction`
+records the rest, each as one outcome: a refusal before anything moves (no plan, no nodes to be
+had), a decline, and a restore from the safety checkpoint. A migration that does not commit
+leaves the job on its old layout (the workers resume it, or the next poll recovers from the dead);
+a node release that fails after the commit leaves the job on the new layout with the nodes still
+allocated, and says so (`release_departed`).
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class Outcome:
 
 
 class Transaction:
-    """One migration of `job` for `trigger`. Use once: `move`, `restore` or `refuse`."""
+    """One outcome of `job` for `trigger` that is not a live move. Use once: `restore`, `refuse` or `decline`."""
 
     def __init__(self, job: "Launcher", trigger: str) -> None:
         self.job, self.trigger = job, trigger
@@ -84,135 +85,11 @@ class Transaction:
         self.job.outcomes.append(self.out)
         return self.out
 
-    # -- a planned move -----------------------------------------------------------------------------
-    def move(self, target: list[str], failed: Sequence[int] = (), ready_timeout: float | None = None,
-             note: str = "") -> Outcome:
-        """Move the job onto the nodes `target` (pinned node included) with the next layout."""
-        job = self.job
-        target = [n for n in job.alloc if n in set(target)]
-        p = self._plan(target, failed)
-        if p is None:
-            return self.out
-        self._record_start(p)
-        before = job.active
-        new_nodes = [n for n in target if n not in job.handles]
-        leaving = [n for n in before if n not in target]
-        e = job.epoch + 1
-        try:
-            if new_nodes:
-                job.start_nodes(new_nodes, e)
-                job.wait_ready(new_nodes, ready_timeout, note)
-            results = self._publish_and_wait(p, e, target, leaving, new_nodes, bool(failed))
-        except MigrationFailed as exc:
-            self._kill(new_nodes)
-            job.db.finish_migration(self.out.migration_id, exc.status, p.bytes_moved, p.bytes_checkpoint, None,
-                                    self.phases, error=str(exc))
-            if isinstance(exc, TrainingEnded):
-                job.log(f"{self.trigger}: {exc}")
-                return self.decline(str(exc))
-            return self._roll_back(str(exc), failed)
-        for name in ("build_groups", "execute", "rebuild", "other"):
-            self.phases[name] = max((r["phases"].get(name, 0.0) for r in results.values()), default=0.0)
-        self.out.phases = self.phases
-        self.out.marks = {d: r.get("marks", {}) for d, r in results.items()}
-        bad = [r["error"] for r in results.values() if not r["ok"]]
-        if bad:  # vetoed: every participant kept its old state
-            msg = "migration aborted, old layout kept: " + bad[0]
-            job.db.finish_migration(self.out.migration_id, "failed", p.bytes_moved, p.bytes_checkpoint, False,
-                                    self.phases, error=msg)
-            self._kill(new_nodes)
-            return self._roll_back(msg, failed)
-        self._commit(p, e, leaving)
-        error, notes = release_departed(job, leaving, self.out.migration_id)
-        return self._finish(p, results, len(before), error, notes)
-
-    def _plan(self, target: list[str], failed: Sequence[int]):
-        """The MigrationPlan onto `target`, or None after recording why there is none."""
-        from migrate.instructions import LostStateError
-        from migrate.layout import LayoutError
-        from migrate.plan import plan
-        from migrate.topology import Topology
-
-        job, layout = self.job, None
-        unusable = frozenset(job.lost - set(failed))  # lost earlier, outside the current layout
-        try:
-            layout = job.choose(sum(len(job.node_devices(n)) for n in target)
-                                - len([d for d in set(failed) | unusable if job.topology.devices[d].node in target]))
-            t0 = time.perf_counter()
-            p = plan(job.model, job.current, layout, Topology(job.topology.devices, frozenset(target)),
-                     frozenset(failed), placement=job.opts.placement, unusable=unusable)
-            self.phases = {"plan": time.perf_counter() - t0}
-            stray = sorted({job.topology.devices[d].node for d in p.curr.devices} - set(target))
-            if stray:
-                raise LayoutError(f"the planner placed ranks on {stray}, outside the target nodes {target}")
-        except (LayoutError, LostStateError) as exc:
-            self.refuse(f"no plan: {exc}", str(layout) if layout is not None else "?")
-            return None
-        return p
-
-    def _record_start(self, p) -> None:
-        job, out = self.job, self.out
-        out.to_layout = str(p.curr.layout)
-        out.bytes_moved, out.bytes_checkpoint = p.bytes_moved, p.bytes_checkpoint
-        out.migration_id = job.db.start_migration(job.job_id, out.from_layout, out.to_layout, self.trigger,
-                                                  p.summary(), job.db.fragmentation(job.job_id))
-
-    def _publish_and_wait(self, p, e: int, target: list[str], leaving: list[str], new_nodes: list[str],
-                          urgent: bool) -> dict[int, dict]:
-        """Post the plan as event `e` and wait for every participant's result (commit or veto)."""
-        job = self.job
-        participants = sorted((set(p.prev.devices) - set(p.failed)) | set(p.curr.devices))
-        job.epoch = e
-        job.ctl.post({"epoch": e, "kind": "migrate", "plan": p.to_dict(instructions=False), "participants": participants,
-                      "exit_ok": sorted(d for n in leaving for d in job.node_devices(n)),
-                      "exit_fail": sorted(d for n in new_nodes for d in job.node_devices(n)), "urgent": urgent,
-                      "release_early": job.opts.release_early})
-        job.log(f"event {e}: {self.out.from_layout} -> {self.out.to_layout} on {','.join(target)} ({self.trigger})")
-        results = job.wait_results(e, participants)
-        self.out.at_step = job.ctl.at(e)
-        if urgent:
-            steps = {r["step"] for r in results.values() if r.get("ok") and r.get("step") is not None}
-            self.out.at_step = min(steps) if steps else None
-        return results
-
     def _kill(self, nodes: Sequence[str]) -> None:
         for n in nodes:
             h = self.job.handles.pop(n, None)
             if h is not None:
                 h.kill()
-
-    def _roll_back(self, message: str, failed: Sequence[int]) -> Outcome:
-        """The migration did not commit: the old layout trains on (or the next poll recovers)."""
-        self.out.message = message
-        self._done()
-        self.job.resume_old(failed)
-        return self.out
-
-    def _commit(self, p, e: int, leaving: list[str]) -> None:
-        """The new layout trains; the departing workers exit."""
-        job = self.job
-        job.pauses.add(self.out.migration_id, job.world, f"w{e}", self.out)
-        self.out.worlds = (job.world, f"w{e}")
-        job.current, job.world = p.curr, f"w{e}"
-        job.db.record_rank_map(job.job_id, job.epoch_base + e, self.out.to_layout, job.entries(p.curr))
-        job.record_survival()
-        for n in leaving:
-            job.reap(n)
-
-    def _finish(self, p, results: dict[int, dict], nodes_before: int, error: str | None,
-                notes: list[str]) -> Outcome:
-        job, out = self.job, self.out
-        out.bit_exact = all(r.get("units_verified", 0) > 0 for r in results.values() if r.get("step") is not None)
-        job.db.finish_migration(out.migration_id, "succeeded", p.bytes_moved, p.bytes_checkpoint, out.bit_exact,
-                                self.phases, error=error, fragmentation_after=job.db.fragmentation(job.job_id))
-        out.ok = error is None
-        out.nodes_after = len(job.active)
-        out.message = error or f"{out.from_layout} -> {out.to_layout}, {nodes_before} -> {out.nodes_after} nodes"
-        for note in notes:
-            out.message += "; " + note
-        job.log(out.message + f" (at step {out.at_step}, phases " +
-                ", ".join(f"{k} {v:.3f}s" for k, v in self.phases.items()) + ")")
-        return self._done()
 
     # -- a restore from a safety checkpoint ---------------------------------------------------------
     def restore(self, keep: list[str], path: str, step: int) -> Outcome:

@@ -9,7 +9,6 @@ the exact next step.
 from __future__ import annotations
 
 import pickle
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -55,20 +54,12 @@ def _state_dict(model: ModelSpec, cfg: ParallelConfig, state: LocalState, world_
 
 
 def save_checkpoint(model: ModelSpec, cfg: ParallelConfig, state: LocalState, path: str | Path,
-                    world_rank: list[int] | None = None, group=None, background: bool = False) -> Future | None:
-    """Write this rank's part of the job's state; every rank of the layout calls it.
-
-    background=True stages a copy in memory and writes in a thread (returns a Future), so
-    training stops only for the copy, not for the disk.
-    """
+                    world_rank: list[int] | None = None, group=None) -> None:
+    """Write this rank's part of the job's state; every rank of the layout calls it. (Live jobs, the
+    reference worker's included, checkpoint through launcher.runtime_ckpt, in the background there.)"""
     world_rank = world_rank or list(range(cfg.world_size))
     Path(path).mkdir(parents=True, exist_ok=True)
-    sd = _state_dict(model, cfg, state, world_rank)
-    if background:
-        result = dcp.async_save(sd, checkpoint_id=str(path), process_group=group)
-        return getattr(result, "upload_completion", result)
-    dcp.save(sd, checkpoint_id=str(path), process_group=group)
-    return None
+    dcp.save(_state_dict(model, cfg, state, world_rank), checkpoint_id=str(path), process_group=group)
 
 
 def load_checkpoint(model: ModelSpec, cfg: ParallelConfig, rank: int, path: str | Path,

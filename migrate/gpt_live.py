@@ -13,11 +13,9 @@ its weights cut from the seeded full tensors (migrate.state), so every layout st
 layout's neighbouring stages, TP inside the stage, the DP gradient sum) on the runtime's layout and
 applies it with the job's optimizer, so every layout computes what one process computes.
 
-What `python -m launcher.worker` needs on top (issue 9, not done): its loop on `runtime.join` /
-`job.next_step()` with this builder, manifest and step (tests/examples/gpt_script.py is that loop), the
-launcher checking the layouts against the ModelSpec for such a job (runtime_moves.choose knows no model),
-the tests that run the reference worker adapted (bit_exact, phases, $ELASTIC_FAULT points, suspend),
-`elastic bench` / `elastic demo` through it, and the worker-only path deleted.
+`python -m launcher.worker` is this model's program: its loop on `runtime.join` / `job.next_step()` with
+this builder, manifest and step (tests/examples/gpt_script.py is the same loop, smallest), and the launcher
+checks its layouts against the ModelSpec read from its flags (launcher.runtime_moves.choose).
 """
 from __future__ import annotations
 
