@@ -15,6 +15,7 @@ from migrate.localrun import Scenario, free_port, load_state, run_scenario
 from migrate.state import initial_state
 from migrate.train import Groups, TrainConfig, Trainer
 from tests.migrate.fullstate import assemble
+from tests.migrate.spawned import context
 
 MODEL = ModelSpec(layers=4, hidden=64, heads=4, vocab=128, seq_len=16)
 TC = TrainConfig(global_batch=4, micro_batch=1, seq_len=16)
@@ -45,9 +46,9 @@ def _worker(rank: int, cfg: ParallelConfig, port: int, path: str, mode: str, wor
 
 
 def _run(cfg: ParallelConfig, path: Path, mode: str, world_rank: list[int]):
-    q = mp.get_context("spawn").Queue()
+    q = context().Queue()
     ctx_ = mp.start_processes(_worker, args=(cfg, free_port(), str(path), mode, world_rank, q),
-                              nprocs=cfg.world_size, start_method="spawn", join=False)
+                              nprocs=cfg.world_size, start_method="forkserver", join=False)
     out = [q.get(timeout=120) for _ in range(cfg.world_size)]  # drain before joining: big reports block exit
     while not ctx_.join(timeout=60):
         pass
