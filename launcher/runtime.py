@@ -327,7 +327,7 @@ class Job:
                            "LOCAL_WORLD_SIZE": str(self._local[1]), "MASTER_ADDR": self.ctl.host,
                            "MASTER_PORT": str(self.ctl.port), "ELASTIC_VIRTUAL_RANK": str(rank),
                            "ELASTIC_LAYOUT": lay.name})
-        self.model, self.optimizer = self._build(lay)
+        self.model, self.optimizer = self._build(lay, filled=local is not None)
         self.layout, self.devices, self.world = lay, list(devices), world
         if local is not None:
             _load_local(self.model, self.optimizer, local)
@@ -346,10 +346,16 @@ class Job:
         self._kept = None
         return held
 
-    def _build(self, lay: Layout):
+    def _build(self, lay: Layout, filled: bool = False):
+        """Model and optimizer on layout `lay`, the optimizer's state created. filled=True: every tensor of
+        their state is overwritten right after (a migration's new state, _load_local), so where the model
+        allows it (_uninitialized) it is built on the meta device and materialized without the builder's
+        initial values, and those are not saved and restored around the optimizer's first step: inside
+        the pause, every rank of the reference GPT otherwise generated its stage's whole seeded tensors."""
         import torch
 
-        module = self._build_model(lay)
+        module = _uninitialized(self._build_model, lay, self.tp_plan) if filled else None
+        module = module if module is not None else self._build_model(lay)
         plan = _stage_plan(module, self.tp_plan)
         if lay.tp > 1 and plan:
             from torch.distributed.tensor.parallel import parallelize_module
@@ -357,11 +363,13 @@ class Job:
             module = parallelize_module(module, lay.tp_mesh, plan)
         opt = self._build_opt(module.parameters())
         # create the optimizer's state now (a step with zero gradients), so it can be filled and moved
-        saved = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        saved = None if filled else {k: v.detach().clone() for k, v in module.state_dict().items()}
         for p in module.parameters():
             p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if saved is None:
+            return module, opt
         with torch.no_grad():
             for k, v in module.state_dict().items():
                 _local(v).copy_(_local(saved[k]))
@@ -541,6 +549,28 @@ class Job:
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+
+
+def _uninitialized(build, lay, tp_plan: Mapping):
+    """`build(lay)` materialized on the CPU without initial values (built on the meta device, then
+    `to_empty`), or None where that is not safe: a TP plan to apply (DTensor), another backend than
+    gloo, or a tensor the state dict does not carry (a plain tensor attribute, a non-persistent buffer),
+    which a load would not fill."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() != "gloo":
+        return None
+    with torch.device("meta"):
+        module = build(lay)
+    if lay.tp > 1 and _stage_plan(module, tp_plan):
+        return None
+    keys = set(module.state_dict())
+    for name, mod in module.named_modules():
+        if any(isinstance(v, torch.Tensor) for v in vars(mod).values()) or \
+                any(b is not None and (f"{name}." if name else "") + k not in keys for k, b in mod._buffers.items()):
+            return None
+    return module.to_empty(device="cpu")
 
 
 def _stage_plan(module, tp_plan: Mapping) -> dict:
