@@ -1,0 +1,41 @@
+"""The reference worker (python -m launcher.worker) on the runtime API: two real worker processes of one
+job given different model flags. The first one's model is the job's; the second exits with status 2 and
+one line that names both models and says to give every worker the same flags, before it trains."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launcher import control as C
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _worker(ctl: C.Control, device: int, layers: int, tmp_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), C.ENV_STORE: ctl.address, C.ENV_DEVICE: str(device),
+           C.ENV_GPUS_PER_NODE: "2", C.ENV_LOCAL_ID: str(device)}
+    return subprocess.Popen([sys.executable, "-m", "launcher.worker", "--layers", str(layers), "--hidden", "64",
+                             "--vocab", "128"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=open(tmp_path / f"dev{device}.err", "w"), text=True)
+
+
+def test_a_worker_whose_model_flags_differ_is_refused_with_one_line(tmp_path: Path) -> None:
+    ctl = C.Control("127.0.0.1", 0, server=True)
+    first = _worker(ctl, 0, 4, tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while ctl.model() is None:  # the first worker offered its model: it is the job's
+            assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "dev0.err").read_text()
+            time.sleep(0.1)
+        second = _worker(ctl, 1, 8, tmp_path)
+        assert second.wait(timeout=120) == 2
+        err = (tmp_path / "dev1.err").read_text().strip().splitlines()
+        assert len(err) == 1 and "give every worker the same model flags" in err[0], err
+        assert "'layers': 8" in err[0] and "'layers': 4" in err[0], err
+        assert not ctl.ready([1]) and first.poll() is None  # refused before it registered; the first waits on
+    finally:
+        first.kill()
+        first.wait()
