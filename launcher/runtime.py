@@ -507,8 +507,8 @@ class Job:
             self.ctl.set_result(e, self.device, {"ok": False, "error": msg, "phases": {}})
             return self.device not in ev.get("exit_fail", [])
         # what this process received from others (the launcher adds the participants' figures up)
-        moved = sum(transfer_bytes(t, new_ms[t.dst].by_fqn()[t.fqn])
-                    for t in transfers if t.dst == new_rank and same.get(t.dst) != t.src)
+        mine = new_ms[new_rank].by_fqn() if new_rank is not None else {}
+        moved = sum(transfer_bytes(t, mine[t.fqn]) for t in transfers if t.dst == new_rank and same.get(t.dst) != t.src)
         groups = self.ctl.formed_s(f"m{e}")
         # execute: the transfer; the digests' comparison (every piece verified at both ends) is `other`
         phases = {"build_groups": groups, "execute": result.phases.get("transfer", t2 - t1),

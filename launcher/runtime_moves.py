@@ -116,7 +116,8 @@ def plan_bytes(la: "Launcher", old, new, failed) -> dict:
     same = {r: old.devices.index(d) for r, d in enumerate(new.devices) if d in old.devices and d not in set(failed)}
     new_ms = rank_manifests(la, new.layout)
     transfers = plan_transfers(old_ms, new_ms, same)
-    moved = sum(transfer_bytes(t, new_ms[t.dst].by_fqn()[t.fqn]) for t in transfers if same.get(t.dst) != t.src)
+    entries = {id(m): m.by_fqn() for m in new_ms}  # DP replicas share their class's manifest
+    moved = sum(transfer_bytes(t, entries[id(new_ms[t.dst])][t.fqn]) for t in transfers if same.get(t.dst) != t.src)
     # every piece once (a TP-replicated one, e.g. a layer norm, is in every TP rank's manifest)
     total = sum(e.nbytes for e in {e for m in class_manifests(la, new.layout) for e in m.entries})
     return {"bytes_moved": moved, "bytes_state_total": total, "bytes_checkpoint": total * (1 + new.layout.dp)}
