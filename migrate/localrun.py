@@ -157,9 +157,10 @@ def _worker(device: int, sc: Scenario, port: int, queue) -> None:
     dist.destroy_process_group()
 
 
-def run_scenario(sc: Scenario, timeout_s: float = 600.0) -> list[DeviceReport]:
-    """Spawn one process per device, run the scenario, return every device's report (by device)."""
-    ctx = mp.get_context("spawn")
+def run_scenario(sc: Scenario, timeout_s: float = 600.0, ctx=None) -> list[DeviceReport]:
+    """Spawn one process per device, run the scenario, return every device's report (by device). `ctx`: the
+    multiprocessing context to start them with (default spawn; the tests pass a forkserver with torch preloaded)."""
+    ctx = ctx or mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(d, sc, port, queue), daemon=True) for d in range(sc.world)]

@@ -58,7 +58,8 @@ def _run(cfg: ParallelConfig, path: Path, mode: str, world_rank: list[int]):
 
 
 def test_suspend_on_one_layout_resume_on_another(tmp_path):
-    reference = run_scenario(Scenario(MODEL, P("pp1"), P("pp1"), TC, steps_before=4, steps_after=0))[0].losses_before
+    reference = run_scenario(Scenario(MODEL, P("pp1"), P("pp1"), TC, steps_before=4, steps_after=0),
+                             ctx=context())[0].losses_before
     saved_cfg, resumed_cfg = P("pp2dp2"), P("tp2")
     before, full_before, _ = _run(saved_cfg, tmp_path / "ck", "save", [3, 2, 1, 0])  # world ranks not in rank order
     assert checkpoint_step(tmp_path / "ck") == 2
