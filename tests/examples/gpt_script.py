@@ -8,6 +8,7 @@ every layout computes the one-process run."""
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -25,6 +26,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--loss-file", required=True)
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--sleep-while", default=None, help="sleep after a step only while this file exists")
     args = p.parse_args()
     torch.set_num_threads(1)
     tc = TrainConfig()
@@ -39,7 +41,8 @@ def main() -> None:
                 job.report_loss(loss)  # the job's timeline in the database
                 with open(args.loss_file, "a") as f:
                     f.write(f"{job.step} {loss!r} {lay.name}\n")
-        time.sleep(args.step_sleep)
+        if args.sleep_while is None or os.path.exists(args.sleep_while):
+            time.sleep(args.step_sleep)
 
 
 if __name__ == "__main__":
