@@ -75,7 +75,7 @@ class Launcher:
         self.restarts = None  # launcher.restart.RestartMode while the job runs in restart mode
         self.restores = 0  # live mode: checkpoint restores after failures so far (count against --max-restarts)
         self.deciding = False  # auto mode: restart mode until the workers join through launcher.runtime
-        self.generic = False  # live mode: the workers joined through launcher.runtime
+        self.live = False  # live mode: the workers joined through launcher.runtime (go_live ran)
         self.last_step = 0  # the last finished step recorded in the database
         self.ckpt_dir = checkpoint_dir(opts, store.url if store else None)
         self.request: StartRequest | None = None  # built once the control plane has its port
@@ -333,7 +333,7 @@ class Launcher:
         from launcher.resume import continue_job, resume_point
         from migrate.topology import RankMap
 
-        self.generic = True  # every live-mode program joins through launcher.runtime
+        self.live = True  # every live-mode program joins through launcher.runtime
         # the reference GPT (python -m launcher.worker) among them: its layouts are checked against its
         # ModelSpec, read from the command line as --layouts was (options.model_from_command)
         self.model = known_model(self)

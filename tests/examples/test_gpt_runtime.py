@@ -44,7 +44,7 @@ def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tm
 
     def until(la: Launcher) -> bool:
         assert time.monotonic() - t0 < 300, [o.message for o in la.outcomes]
-        if todo and la.generic and la.max_step() >= todo[0][0]:
+        if todo and la.live and la.max_step() >= todo[0][0]:
             la.db.add_request(la.job_id, "shrink" if todo[0][1] == 1 else "grow", {"nodes": todo.pop(0)[1]}, "t")
         if not todo and pace.exists() and sum(o.migration_id is not None for o in la.outcomes) >= 2:
             pace.unlink()

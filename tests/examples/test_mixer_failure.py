@@ -55,7 +55,7 @@ def _drive(la: Launcher, at_step: int, action, pace: Path) -> int:
 
     def until(la: Launcher) -> bool:
         assert time.monotonic() - t0 < 400, f"stuck; outcomes {[o.message for o in la.outcomes]}"
-        if not done and la.generic and la.max_step() >= at_step:
+        if not done and la.live and la.max_step() >= at_step:
             done.append(len(la.outcomes))
             action(la)
         if done and len(la.outcomes) > done[0]:
