@@ -5,7 +5,9 @@ usage: python grow_race_script.py GATE_DIR STEPS
 Rank 0 appends `step layout` to GATE_DIR/steps for every step. A worker started by a grow (its first
 event is not 0) touches GATE_DIR/grown at once. On one device the last step ends only after the grow
 has started a worker (it touches GATE_DIR/last, then waits for GATE_DIR/grown): so the job reaches its
-last step while the launcher is carrying out the grow, every time, with no timing involved.
+last step while the launcher is carrying out the grow, every time, with no timing involved. On two
+devices a step takes a second, so that the shrink the test asks for at step 2 lands well before the
+last step even on a loaded machine (it took 10 steps of 0.1 s once, and the grow was never asked).
 """
 from __future__ import annotations
 
@@ -47,4 +49,4 @@ while job.next_step(until=steps):
         deadline = time.monotonic() + 120
         while not (gate / "grown").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-    time.sleep(0.1)
+    time.sleep(1.0 if job.layout.world_size > 1 else 0.1)
