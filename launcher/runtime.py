@@ -407,19 +407,25 @@ class Job:
         """Allocate (and touch) the new local tensors this worker will receive in reshard event `ev`, while
         the old layout still trains or, on a joining worker, while it waits for the old layout's last
         step: receiving into memory already mapped is several times faster on CPU (facts.md). Not with
-        --release-early, where memory comes first (new tensors are made only as old ones go). Every
+        --release-early, where memory comes first (new tensors are made only as old ones go). The transfer
+        layer's staging buffers (strided and packed pieces) are made here too, in both modes. Every
         participant plans the reshard here, a worker that only sends too (a shrink's leavers planned it
         inside the pause: 2.1 s of the 6.6 s pause of pp6tp4 -> pp4tp2, 16 of them on 2 cores)."""
-        from migrate.reshard import allocate_targets, plan_targets
+        from migrate.reshard import allocate_staging, allocate_targets, plan_staging, plan_targets
 
         e = ev["epoch"]
         if ev.get("kind") != "reshard" or self.device not in ev["participants"]:
             return
         _alive, old_rank, new_rank, old_ms, new_ms, _same, transfers = self._plan_reshard(ev)
-        if ev.get("release_early") or e in self._prepared or self.device not in ev["curr"]["devices"]:
+        if e in self._prepared:
             return
-        self._prepared[e] = allocate_targets(plan_targets(
-            transfers, old_rank, new_rank, old_ms[old_rank] if old_rank is not None else None, new_ms[new_rank]))
+        early = bool(ev.get("release_early"))
+        old_m = old_ms[old_rank] if old_rank is not None else None
+        new_m = new_ms[new_rank] if new_rank is not None else None
+        targets = None if early or new_rank is None else \
+            allocate_targets(plan_targets(transfers, old_rank, new_rank, old_m, new_m))
+        staging = allocate_staging(plan_staging(transfers, old_rank, new_rank, old_m, new_m, early))
+        self._prepared[e] = {"targets": targets, "staging": staging}
 
     def _plan_reshard(self, ev: dict) -> tuple:
         """This process's view of reshard event `ev` (pure): the surviving old ranks, its old and new rank
@@ -474,7 +480,7 @@ class Job:
             self.ctl.store.set(f"ev/{e}/extra/{old_rank}", _dumps(held["extras"]))
             self.ctl.store.set(f"ev/{e}/step/{old_rank}", str(held["step"]))
         self._prepare(ev)  # a joiner allocates here, before it waits for the old layout's last step
-        targets = self._prepared.pop(e, None)
+        prepared = self._prepared.pop(e, {})
         members = list(curr["devices"]) + [d for d in parts if d not in curr["devices"]]
         release_early = bool(ev.get("release_early"))
         other = time.perf_counter() - t0
@@ -487,14 +493,21 @@ class Job:
                 runtime_faults.die_at(self.fault, "round", 0, self.log)
             on_window = (lambda i: runtime_faults.die_at(self.fault, "round", i, self.log)) if later else None
             rank_of = dict(zip(members, self.ctl.world_ranks(members)))
+            cpu0 = os.times()
             procs_old = [rank_of[d] if r in alive else -1 for r, d in enumerate(prev["devices"])]
             procs_new = [rank_of[d] for d in curr["devices"]]
             result = execute(transfers, old_rank, new_rank, held["local"] if old_rank is not None else {},
                              old_ms[old_rank] if old_rank is not None else None,
                              new_ms[new_rank] if new_rank is not None else None, procs_old, procs_new,
-                             release_early=release_early, targets=targets, verify=True, on_window=on_window)
+                             release_early=release_early, targets=prepared.get("targets"), verify=True,
+                             on_window=on_window, staging=prepared.get("staging"))
             t2 = time.perf_counter()
             self.ctl.mark("moved")
+            st = result.stats
+            self.log(f"event {e}: sent {st.bytes_sent / 1e6:.1f} MB, received {st.bytes_received / 1e6:.1f} MB in "
+                     f"{st.messages} messages, {st.windows} windows; transfer {result.phases.get('transfer', 0):.3f} s, "
+                     f"verify {result.phases.get('verify', 0):.3f} s (digests of what landed {st.final_digest_s:.3f} s), "
+                     f"cpu user {os.times().user - cpu0.user:.3f} s, sys {os.times().system - cpu0.system:.3f} s")
             runtime_faults.die_at(self.fault, "commit", None, self.log)
             if not self.ctl.decide(f"ev/{e}/commit", len(parts)):
                 raise runtime_faults.StepAborted("another participant failed or the launcher vetoed the commit")

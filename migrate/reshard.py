@@ -133,6 +133,47 @@ def allocate_targets(entries: Sequence[ShardEntry], device=None) -> dict[str, ob
     return {e.fqn: torch.zeros(e.local_shape, dtype=getattr(torch, e.dtype), device=device) for e in entries}
 
 
+def plan_staging(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
+                 old_manifest: Manifest | None, new_manifest: Manifest | None, release_early: bool = False,
+                 window_bytes: int | None = None) -> tuple[int, int]:
+    """Bytes of staging (received, sent) that `execute` on this process may need at most: packed small
+    pieces and strided pieces pass through staging (migrate.transfer), at most one window of them at a
+    time (or one message larger than a window, alone in its own). Pure; `allocate_staging` makes them."""
+    from migrate.transfer import EARLY_WINDOW_BYTES, SMALL_BYTES, WINDOW_BYTES, narrow_is_contiguous
+
+    window = window_bytes or (EARLY_WINDOW_BYTES if release_early else WINDOW_BYTES)
+    olds = old_manifest.by_fqn() if old_manifest is not None else {}
+    news = new_manifest.by_fqn() if new_manifest is not None else {}
+    kept = kept_pieces(transfers, old_rank, new_rank, old_manifest, new_manifest)
+    small: dict[tuple[bool, int], int] = {}  # (incoming, peer) -> packed bytes
+    big: dict[bool, list[int]] = {True: [], False: []}
+    for tr in transfers:
+        if tr.src == old_rank and tr.dst != new_rank:
+            incoming, peer, e = False, tr.dst, olds[tr.fqn]
+        elif tr.dst == new_rank and tr.src != old_rank and tr.fqn not in kept:
+            incoming, peer, e = True, tr.src, news[tr.fqn]
+        else:
+            continue
+        n = transfer_bytes(tr, e)
+        if n < SMALL_BYTES:
+            small[incoming, peer] = small.get((incoming, peer), 0) + n
+        elif tr.dim is not None and not narrow_is_contiguous(e.local_shape, tr.dim, tr.hi - tr.lo):
+            big[incoming].append(n)
+    out = []
+    for incoming in (True, False):
+        temps = big[incoming] + [n for (i, _p), n in small.items() if i == incoming]
+        out.append(min(sum(temps), max([window, *temps])))
+    return out[0], out[1]
+
+
+def allocate_staging(need: tuple[int, int], device=None) -> tuple[object, object]:
+    """Staging buffers (received, sent) of `need` bytes (plan_staging), written once so their pages are
+    mapped before the pause; give them to `execute(..., staging=...)`."""
+    import torch
+
+    return tuple(torch.zeros(n, dtype=torch.uint8, device=device) for n in need)
+
+
 def _piece(t, e: ShardEntry, tr: Transfer):
     """The view of local tensor `t` (piece `e`) holding the transfer's rows."""
     if tr.dim is None:
@@ -164,7 +205,7 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
             old_state: MutableMapping[str, object], old_manifest: Manifest | None, new_manifest: Manifest | None,
             proc_of_old: Sequence[int], proc_of_new: Sequence[int], group=None, release_early: bool = False,
             window_bytes: int | None = None, on_window=None, targets: Mapping[str, object] | None = None,
-            verify: bool = True) -> Resharded:
+            verify: bool = True, staging: tuple | None = None) -> Resharded:
     """Run this process's part of `transfers` on the shared transfer layer (migrate.transfer);
     returns its new local tensors by FQN (a `Resharded` dict).
 
@@ -178,7 +219,8 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
     confirmed their copies, and new tensors are allocated only when their window comes (lower peak
     memory; a failure then leaves some old tensors gone, covered by verified new copies).
     `targets`: new tensors by FQN allocated (and written) ahead, before the pause (plan_targets,
-    allocate_targets): receiving into memory already mapped is several times faster on CPU."""
+    allocate_targets): receiving into memory already mapped is several times faster on CPU. `staging`:
+    the transfer layer's buffers allocated ahead the same way (plan_staging, allocate_staging)."""
     import time
 
     import torch
@@ -224,7 +266,7 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
     if release_early:  # a kept tensor leaves old_state too (it lives on in the result)
         for fqn in olds:
             ex.own(fqn)
-    result.stats = ex.run(on_window)
+    result.stats = ex.run(on_window, staging)
     for fqn in news:  # pieces that no transfer fills (an empty shard) still exist
         target(fqn)
     t1 = time.perf_counter()

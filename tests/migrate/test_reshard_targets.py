@@ -35,10 +35,12 @@ def test_targets_are_every_new_piece_but_those_held_unchanged(a: int, b: int, sa
     assert plan_targets(trs, 0, None, old[0], None) == ()
 
 
-def step(proc: int, a: tuple[int, list[int]], b: tuple[int, list[int]], state: dict, ahead: bool = False, **kw):
+def step(proc: int, a: tuple[int, list[int]], b: tuple[int, list[int]], state: dict, ahead: bool = False,
+         staged: bool = False, **kw):
     """One layout change (tp, processes) a -> b of this process's `state`; (new manifest or None, new
-    state, the buffers allocated ahead)."""
-    from migrate.reshard import allocate_targets, execute
+    state, the buffers allocated ahead). staged: the staging planned and allocated ahead too (its bytes
+    in the new state's `staging_planned`)."""
+    from migrate.reshard import allocate_staging, allocate_targets, execute, plan_staging
 
     (tp_a, procs_a), (tp_b, procs_b) = a, b
     old_ms = [layout(tp_a)[i % tp_a] for i in range(len(procs_a))]
@@ -49,7 +51,11 @@ def step(proc: int, a: tuple[int, list[int]], b: tuple[int, list[int]], state: d
     om, nm = (old_ms[o] if o is not None else None), (new_ms[n] if n is not None else None)
     trs = plan_transfers(old_ms, new_ms, same)
     targets = allocate_targets(plan_targets(trs, o, n, om, nm)) if ahead else {}
-    return nm, execute(trs, o, n, state, om, nm, procs_a, procs_b, targets=targets or None, **kw), targets
+    need = plan_staging(trs, o, n, om, nm, kw.get("release_early", False), kw.get("window_bytes")) if staged else None
+    new = execute(trs, o, n, state, om, nm, procs_a, procs_b, targets=targets or None,
+                  staging=allocate_staging(need) if need else None, **kw)
+    new.staging_planned = sum(need) if need else 0
+    return nm, new, targets
 
 
 def start(proc: int, tp: int, procs: list[int], full: dict) -> dict:
@@ -202,3 +208,35 @@ def test_a_piece_corrupted_on_the_wire_is_refused_on_every_process() -> None:
 
     got = run_spawned(_wire, 3)
     assert got == {0: ("refused", True), 1: ("refused", True), 2: ("refused", True)}
+
+
+def _staged(proc: int, port: int, q) -> None:
+    """A chain of TP and process changes, with the staging buffers planned and allocated ahead."""
+    import torch.distributed as dist
+
+    _init(proc, port)
+    full = full_tensors()
+    steps = [(2, [0, 1]), (1, [1, 2]), (2, [2, 0]), (2, [0, 1])]
+    out = []
+    for window in (None, 1, 3000):  # the engine's window, one message per window, a few per window
+        state = start(proc, *steps[0], full)
+        for a, b in zip(steps, steps[1:]):
+            nm, new, _ = step(proc, a, b, state, staged=True, window_bytes=window)
+            used = new.stats.staging_bytes
+            out.append((nm is None or holds_exactly(new, nm, full), new.stats.staging_fresh,
+                        used <= new.staging_planned, used > 0))
+            state = dict(new)
+    q.put((proc, out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_staging_planned_ahead_covers_every_transfer_so_none_is_allocated_inside_the_pause() -> None:
+    from tests.migrate.spawned import run_spawned
+
+    got = run_spawned(_staged, 3)
+    rows = [r for out in got.values() for r in out]
+    assert all(exact for exact, _f, _u, _any in rows)
+    assert [fresh for _e, fresh, _u, _any in rows] == [0] * len(rows)  # the planned bound always sufficed
+    assert all(within for _e, _f, within, _any in rows)
+    assert sum(used for _e, _f, _w, used in rows) >= len(rows) // 2  # packed and strided pieces did pass through
