@@ -109,6 +109,7 @@ class Job:
         self.world: str | None = None  # the training world (launcher.control: w<event>)
         self.broken = False  # a step failed because a peer did: wait for the launcher's recovery event
         self._committed = 0  # the last step whose optimizer update committed (launcher.runtime_faults)
+        self._entered_at = 0  # the step this worker entered its current world at (_enter)
         self._snap: dict = {}  # the registered objects' state at the last step boundary
         self._kept: dict | None = None  # state held while no model is built (a migration that did not commit)
         self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
@@ -184,6 +185,8 @@ class Job:
         """Between two steps: the heartbeat, the registered objects' state (to take back if the next step
         fails), and a safety checkpoint when one is due (written in the background: runtime_ckpt.Safety)."""
         self.ctl.set_step(self.device, self.step)
+        if self.ctl.retired and self.step > self._entered_at:  # a step committed in this world: tear the old one down
+            self.ctl.drop_retired()
         self._snap = self._extras_state()
         self.safety.poll()
         if self.ckpt_every and self.step and self.step % self.ckpt_every == 0 and self._saved != self.step:
@@ -331,6 +334,7 @@ class Job:
         self.layout, self.devices, self.world = lay, list(devices), world
         runtime_faults.install_commit(self.optimizer, self._vote)
         self.broken, self._kept, self._committed, self._saved = False, None, self.step, self.step
+        self._entered_at = self.step
         return groups_s
 
     def _release(self) -> dict | None:

@@ -49,3 +49,40 @@ def test_a_world_is_kept_only_when_every_member_asks_and_the_members_are_the_sam
         assert out["b_kept"] is True and out["b_world_ranks"] == [1, 0]
         assert out["c_kept"] is False and out["d_kept"] is False
         assert out["b_sum"] == out["c_sum"] == out["d_sum"] == 3.0
+
+
+def _retired(rank: int, port: int, queue) -> None:
+    import threading
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    from launcher.control import Control
+
+    ctl = Control("127.0.0.1", port, server=rank == 0)
+    out = {}
+    ctl.join_world("a", [0, 1], rank, 30, abort_key="abort/a")
+    first = _get_default_group()
+    sub = dist.new_group([0, 1])  # a mesh's subgroup of world a
+    ctl.join_world("b", [1, 0], rank, 30, abort_key="abort/b")  # another world, not kept
+    # world a's groups left the registry but were not torn down inside the migration: still held
+    out["held"] = [g is first or g is sub for g in ctl.retired].count(True)
+    out["default_is_new"] = _get_default_group() is not first
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    out["sum"] = float(t)
+    ctl.drop_retired()  # once the new world trains: torn down in the background
+    out["after_drop"] = len(ctl.retired)
+    for th in threading.enumerate():
+        if th.name == "retire-worlds":
+            th.join(30)
+    out["threads_left"] = sum(th.name == "retire-worlds" for th in threading.enumerate())
+    dist.barrier()
+    dist.destroy_process_group()
+    queue.put((rank, out))
+
+
+def test_a_world_left_is_torn_down_only_after_the_new_one_runs() -> None:
+    got = run_spawned(_retired, 2)
+    assert got[0] == got[1] == {"held": 2, "default_is_new": True, "sum": 3.0, "after_drop": 0, "threads_left": 0}
