@@ -474,6 +474,8 @@ class Job:
         if self.device not in parts:
             return self.device not in ev.get("exit_ok", [])
         self.ctl.mark("boundary")
+        if self.device not in ev["prev"]["devices"]:  # a joiner plans and allocates ahead, before it waits
+            self._prepare(ev)  # for the old layout's last step: no phase of the pause counts it
         t0 = time.perf_counter()
         healthy = self.model is not None and not self.broken and not ev.get("urgent")
         alive, old_rank, new_rank, old_ms, new_ms, same, transfers = self._plan_reshard(ev)
@@ -483,7 +485,7 @@ class Job:
                 raise RuntimeError(f"device {self.device}: old rank {old_rank} of event {e} holds no state")
             self.ctl.store.set(f"ev/{e}/extra/{old_rank}", _dumps(held["extras"]))
             self.ctl.store.set(f"ev/{e}/step/{old_rank}", str(held["step"]))
-        self._prepare(ev)  # a joiner allocates here, before it waits for the old layout's last step
+        self._prepare(ev)  # done while the old layout trained, but for an urgent recovery
         prepared = self._prepared.pop(e, {})
         members = list(curr["devices"]) + [d for d in parts if d not in curr["devices"]]
         release_early = bool(ev.get("release_early"))
