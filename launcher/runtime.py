@@ -115,7 +115,7 @@ class Job:
         self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
         self.ckpt_every = int(os.environ.get(C.ENV_CKPT_EVERY, "0") or 0) if self.ckpt_dir else 0
         self._saved = -1  # the last step a safety checkpoint was written at
-        self._prepared: dict[int, dict] = {}  # event -> new local tensors allocated ahead of that reshard
+        self._prepared: dict[int, dict] = {}  # event -> {"targets", "staging"} allocated ahead of that reshard
         self._plans: dict[int, tuple] = {}  # event -> this process's plan of that reshard (the latest only)
         self.fault = runtime_faults.fault_for(device)  # $ELASTIC_FAULT (tests)
         self.safety = runtime_ckpt.Safety(self.ckpt_dir, self.log, self.fault)  # background safety checkpoints
@@ -368,12 +368,12 @@ class Job:
             module = parallelize_module(module, lay.tp_mesh, plan)
         opt = self._build_opt(module.parameters())
         # create the optimizer's state now (a step with zero gradients), so it can be filled and moved
-        saved = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        saved = None if local is not None else {k: v.detach().clone() for k, v in module.state_dict().items()}
         for p in module.parameters():
             p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if local is not None:
+        if saved is None:  # a migration's state overwrites every value: nothing to restore
             _load_local(module, opt, local)
             return module, opt
         with torch.no_grad():
@@ -609,7 +609,7 @@ def _assemble(module, build_opt, local: Mapping):
     before the pause (migrate.reshard.allocate_targets), so training goes on in memory already mapped."""
     module.load_state_dict({k: local[k] for k in module.state_dict()}, assign=True)
     opt = build_opt(module.parameters())
-    names = {id(p): n for n, p in module.named_parameters()}
+    names = _param_names(module)
     keys: dict[str, list[str]] = {}
     for fqn in local:
         if fqn.startswith("optim.state."):
@@ -653,12 +653,17 @@ def _local(t):
 def _state_views(model, opt) -> dict:
     """This rank's pieces by FQN (migrate.manifest naming): the model's and optimizer's own local tensors."""
     out = {k: _local(v) for k, v in model.state_dict().items()}
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = _param_names(model)
     for p, st in opt.state.items():
         for key, v in st.items():
             if hasattr(v, "shape"):
                 out[f"optim.state.{names[id(p)]}.{key}"] = _local(v)
     return out
+
+
+def _param_names(model) -> dict[int, str]:
+    """id(parameter) -> its name: how optimizer state (keyed by parameter) gets its FQN."""
+    return {id(p): n for n, p in model.named_parameters()}
 
 
 def _export_local(model, opt) -> dict:
@@ -673,7 +678,7 @@ def _load_local(model, opt, local: Mapping) -> None:
     with torch.no_grad():
         for k, v in model.state_dict().items():
             _local(v).copy_(local[k])
-        names = {id(p): n for n, p in model.named_parameters()}
+        names = _param_names(model)
         for p, st in opt.state.items():
             for key, v in st.items():
                 if hasattr(v, "shape"):

@@ -136,17 +136,15 @@ def allocate_targets(entries: Sequence[ShardEntry], device=None) -> dict[str, ob
 def plan_staging(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
                  old_manifest: Manifest | None, new_manifest: Manifest | None, release_early: bool = False,
                  window_bytes: int | None = None) -> tuple[int, int]:
-    """Bytes of staging (received, sent) that `execute` on this process may need at most: packed small
-    pieces and strided pieces pass through staging (migrate.transfer), at most one window of them at a
-    time (or one message larger than a window, alone in its own). Pure; `allocate_staging` makes them."""
-    from migrate.transfer import EARLY_WINDOW_BYTES, SMALL_BYTES, WINDOW_BYTES, narrow_is_contiguous
+    """Bytes of staging (received, sent) that `execute` on this process may need at most
+    (migrate.transfer.staging_bound over the pieces it will send and receive). Pure;
+    `allocate_staging` makes them."""
+    from migrate.transfer import EARLY_WINDOW_BYTES, WINDOW_BYTES, narrow_is_contiguous, staging_bound
 
-    window = window_bytes or (EARLY_WINDOW_BYTES if release_early else WINDOW_BYTES)
     olds = old_manifest.by_fqn() if old_manifest is not None else {}
     news = new_manifest.by_fqn() if new_manifest is not None else {}
     kept = kept_pieces(transfers, old_rank, new_rank, old_manifest, new_manifest)
-    small: dict[tuple[bool, int], int] = {}  # (incoming, peer) -> packed bytes
-    big: dict[bool, list[int]] = {True: [], False: []}
+    pieces = []
     for tr in transfers:
         if tr.src == old_rank and tr.dst != new_rank:
             incoming, peer, e = False, tr.dst, olds[tr.fqn]
@@ -154,16 +152,9 @@ def plan_staging(transfers: Sequence[Transfer], old_rank: int | None, new_rank: 
             incoming, peer, e = True, tr.src, news[tr.fqn]
         else:
             continue
-        n = transfer_bytes(tr, e)
-        if n < SMALL_BYTES:
-            small[incoming, peer] = small.get((incoming, peer), 0) + n
-        elif tr.dim is not None and not narrow_is_contiguous(e.local_shape, tr.dim, tr.hi - tr.lo):
-            big[incoming].append(n)
-    out = []
-    for incoming in (True, False):
-        temps = big[incoming] + [n for (i, _p), n in small.items() if i == incoming]
-        out.append(min(sum(temps), max([window, *temps])))
-    return out[0], out[1]
+        whole = tr.dim is None or narrow_is_contiguous(e.local_shape, tr.dim, tr.hi - tr.lo)
+        pieces.append((incoming, peer, transfer_bytes(tr, e), whole))
+    return staging_bound(pieces, window_bytes or (EARLY_WINDOW_BYTES if release_early else WINDOW_BYTES))
 
 
 def allocate_staging(need: tuple[int, int], device=None) -> tuple[object, object]:

@@ -32,7 +32,7 @@ message with a key that both of its ends give alike; `run` then moves it. Why it
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -226,13 +226,9 @@ class Exchange:
         temp_out = max((sum(m.temp for m in w if m.outgoing) for w in windows), default=0)
         device = self._device()
         have_in, have_out = staging if staging is not None else (None, None)
-        staging_in = have_in[:temp_in] if have_in is not None and have_in.numel() >= temp_in \
-            else torch.empty(temp_in, dtype=torch.uint8, device=device)
-        staging_out = have_out[:temp_out] if have_out is not None and have_out.numel() >= temp_out \
-            else torch.empty(temp_out, dtype=torch.uint8, device=device)
-        self.stats.staging_bytes = temp_in + temp_out
-        self.stats.staging_fresh = sum(n for n, have, buf in ((temp_in, have_in, staging_in), (temp_out, have_out, staging_out))
-                                       if n and (have is None or buf.data_ptr() != have.data_ptr()))
+        staging_in, fresh_in = _staging(have_in, temp_in, device)
+        staging_out, fresh_out = _staging(have_out, temp_out, device)
+        self.stats.staging_bytes, self.stats.staging_fresh = temp_in + temp_out, fresh_in + fresh_out
         acks = _Acks(self.group)  # release mode: confirmations of what arrived
         try:
             for i, window in enumerate(windows):
@@ -365,6 +361,34 @@ class Exchange:
         self._uses.pop(owner, None)
         self.stats.released += 1
         self.release(owner)
+
+
+def _staging(have: torch.Tensor | None, n: int, device) -> tuple[torch.Tensor, int]:
+    """n bytes of staging: a view of `have` (allocated ahead) when it is large enough, else fresh memory;
+    and how many bytes were allocated now."""
+    if have is not None and have.numel() >= n:
+        return have[:n], 0
+    return torch.empty(n, dtype=torch.uint8, device=device), n
+
+
+def staging_bound(pieces: Iterable[tuple[bool, Hashable, int, bool]], window_bytes: int = WINDOW_BYTES,
+                  small_bytes: int = SMALL_BYTES) -> tuple[int, int]:
+    """Staging bytes (received, sent) a `run` may need at most, from its pieces (incoming, peer, bytes,
+    contiguous) alone, before any tensor exists: packed small pieces and strided pieces pass through
+    staging (the rule of `_messages`), at most one window of them at a time (`_windows`), or one message
+    larger than a window, alone in its own."""
+    small: dict[tuple[bool, Hashable], int] = {}
+    big: dict[bool, list[int]] = {True: [], False: []}
+    for incoming, peer, n, contiguous in pieces:
+        if n < small_bytes:
+            small[incoming, peer] = small.get((incoming, peer), 0) + n
+        elif not contiguous:
+            big[incoming].append(n)
+    out = []
+    for incoming in (True, False):
+        temps = big[incoming] + [n for (i, _p), n in small.items() if i == incoming]
+        out.append(min(sum(temps), max([window_bytes, *temps])))
+    return out[0], out[1]
 
 
 def _combined(digests: list[int]) -> int:
