@@ -6,24 +6,28 @@ share bytes apart.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import xxhash
 
+#: dtypes whose numpy view hands xxh3 the tensor's raw bytes directly (others go through a uint8 view)
+_NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                           torch.int8, torch.uint8, torch.bool})
+
+
+@functools.lru_cache(maxsize=4096)
+def _header(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
+    return f"{dtype}{tuple(shape)}".encode()
+
 
 def unit_digest(t: torch.Tensor) -> int:
-    """Checksum of one slice unit (or one whole replicated tensor)."""
-    h = xxhash.xxh3_64()
-    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())  # 0-dim too
+    """Checksum of one slice unit (or one whole replicated tensor). Called once per message or unit
+    inside a migration's pause, so it avoids every tensor op it can (2-3 us instead of 5-6)."""
+    h = xxhash.xxh3_64(_header(t.dtype, t.shape))
+    if t.requires_grad:
+        t = t.detach()
+    if t.device.type != "cpu" or not t.is_contiguous():
+        t = t.contiguous().cpu()
+    h.update(t.numpy() if t.dtype in _NUMPY_DTYPES else t.reshape(-1).view(torch.uint8).numpy())  # 0-dim too
     return h.intdigest()
-
-
-def view_digest(t: torch.Tensor, scratch: torch.Tensor | None = None) -> int:
-    """`unit_digest` of a view that may be strided (a column slice), without fresh memory: a strided
-    view is copied into `scratch` (bytes, at least as many as the view's, reused across calls) first.
-    `.contiguous()` would allocate new pages for every piece, and page faults cost more than the hash."""
-    if t.is_contiguous() or scratch is None or t.device != scratch.device:
-        return unit_digest(t)
-    flat = scratch[:t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-    flat.copy_(t)
-    return unit_digest(flat)

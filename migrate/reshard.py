@@ -17,9 +17,10 @@ What a process does around the pause (the API a runtime wires in):
     new.units_verified, new.kept, new.phases                              # what to record
 
 A piece the process already holds whole and unchanged (`kept_pieces`) is not allocated nor copied:
-the new state takes the very old tensor. `verify` compares xxh3 digests of every transferred piece
-at both ends (the sender's from its old tensor, the receiver's from its new one, each cut by its own
-manifest) and every process raises the same MigrationMismatch when any differs, old state kept.
+the new state takes the very old tensor. `verify` compares xxh3 digests of every message between
+processes at both ends (the sender's of the bytes it cut from its old tensors by its manifest and
+handed over, the receiver's of the bytes that arrived: a direct message's from its new tensor after
+the last window) and every process raises the same MigrationMismatch when any differs, old state kept.
 
 A tensor is cut along at most one dimension on each side (DTensor Shard(d)/Replicate); when both
 sides cut it, they must cut the same dimension (a TP style fixes it per parameter).
@@ -245,8 +246,7 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
         src_proc, dst_proc = proc_of_old[tr.src], proc_of_new[tr.dst]
         mine_old, mine_new = old_rank == tr.src, new_rank == tr.dst
         if mine_old and mine_new:
-            ex.copy(_piece(target(tr.fqn), news[tr.fqn], tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn,
-                    _key(tr))
+            ex.copy(_piece(target(tr.fqn), news[tr.fqn], tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
         elif mine_old:
             ex.send(dst_proc, _key(tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
         else:
@@ -261,56 +261,40 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
     for fqn in news:  # pieces that no transfer fills (an empty shard) still exist
         target(fqn)
     t1 = time.perf_counter()
-    # the senders' digests are taken while their bytes are in flight (part of the transfer); the
-    # receivers' over the new tensors after the last window, then compared: "verify"
+    # the senders' digests are taken while their bytes are in flight, staged messages' as they land
+    # (part of the transfer); direct messages' over the new tensors after the last window, then
+    # compared: "verify"
     result.phases["transfer"] = t1 - t0 - result.stats.final_digest_s
     if verify:
-        result.units_verified = _verify(mine, old_rank, new_rank, ex.sent, ex.got, proc_of_old, proc_of_new, group)
+        result.units_verified = _verify(ex, group)
         result.phases["verify"] = time.perf_counter() - t1 + result.stats.final_digest_s
     return result
 
 
-def _verify(mine: Sequence[Transfer], old_rank, new_rank, sent: Mapping[tuple, int], got: Mapping[tuple, int],
-            proc_of_old, proc_of_new, group) -> int:
-    """Compare, for every piece this process received or copied, the sender's digest of what it sent
-    (`sent`, by transfer key: the xxh3 of the piece cut from its old tensor by the sender's manifest)
-    with the digest of what landed (`got`, cut from the new tensor by this process's manifest), both
-    taken by the transfer layer; every process of `group` learns whether any piece anywhere differed
-    (one all-reduce) and raises MigrationMismatch if so. Returns the pieces verified here."""
+def _verify(ex, group) -> int:
+    """Compare every message this process received with its sender's digest of what it sent (the bytes
+    it handed over, cut from its old tensors by the sender's manifest; Exchange.compare); every process
+    of `group` learns whether any piece anywhere differed (one all-reduce) and raises MigrationMismatch
+    if so. Returns the pieces verified here."""
     import torch
     import torch.distributed as dist
 
-    from migrate.transfer import Exchange, TransferError, signed64
+    from migrate.transfer import TransferError
 
-    got = {_key(t): got[_key(t)] for t in mine if t.dst == new_rank}
-    ex = Exchange(group)  # the senders' digests, one int64 vector per pair of processes, in key order
-    outgoing: dict[int, list[Transfer]] = {}
-    incoming: dict[int, list[Transfer]] = {}
-    for t in mine:
-        if t.src == old_rank and t.dst != new_rank:
-            outgoing.setdefault(proc_of_new[t.dst], []).append(t)
-        elif t.dst == new_rank and t.src != old_rank:
-            incoming.setdefault(proc_of_old[t.src], []).append(t)
-    boxes = {}
-    for peer, trs in outgoing.items():
-        ex.send(peer, ("digests",), torch.tensor([signed64(sent[_key(t)]) for t in trs], dtype=torch.int64))
-    for peer, trs in incoming.items():
-        boxes[peer] = torch.zeros(len(trs), dtype=torch.int64)
-        ex.recv(peer, ("digests",), boxes[peer])
-    ex.run()
-    bad = [t for t in mine if t.dst == new_rank and t.src == old_rank and sent[_key(t)] != got[_key(t)]]
-    for peer, trs in incoming.items():
-        bad += [t for t, d in zip(trs, boxes[peer].tolist()) if d != signed64(got[_key(t)])]
+    bad, checked = ex.compare()
     flag = torch.tensor([len(bad)], dtype=torch.int64)
     try:
         dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=group)
     except Exception as exc:  # a dead peer shows up here as a gloo error
         raise TransferError(f"{type(exc).__name__}: {exc}") from exc
     if int(flag.item()):
-        here = f"; here {bad[0].fqn} rows {bad[0].lo}:{bad[0].hi} from old rank {bad[0].src}" if bad else ""
+        here = ""
+        if bad:  # a transfer key: (fqn, dst, src, dim, lo, hi)
+            fqn, _dst, src, _dim, lo, hi = bad[0]
+            here = f"; here {fqn} rows {lo}:{hi} from old rank {src}"
         raise MigrationMismatch(f"{int(flag.item())} transferred pieces differ from what was sent{here}; "
                                 "nothing adopted")
-    return len(got)
+    return checked
 
 
 def transfer_bytes(tr: Transfer, e: ShardEntry) -> int:

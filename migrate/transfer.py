@@ -21,13 +21,15 @@ message with a key that both of its ends give alike; `run` then moves it. Why it
   new copy equals what was sent; an owner no message or copy uses is released at once (another
   live copy serves it). The engine drops its references there, so peak memory stays near one copy.
   Without it, nothing old is touched: a failure half way leaves the old state intact.
-* Digests of every keyed piece (optional, `digests=True`: what migrate.reshard verifies), computed where
-  they cost least: the sender's from the contiguous bytes it sends (the piece itself, or its region of
-  the staging buffer right after packing, so a column slice needs no extra copy), while its window's
-  messages are in flight; the receiver's from the final new tensors once everything landed (a later
-  write over a piece is caught too), strided views through one reused scratch buffer instead of fresh
-  memory per piece. With release early the receiver's digests are taken as each window lands and
-  confirm it to the sender (one vector per message, not a second hash of the whole buffer).
+* Digests of every message (optional, `digests=True`: what migrate.reshard verifies), one per message,
+  not per piece (a packed message holds dozens of small pieces; per-piece digests cost more Python
+  than hashing): the sender's from the contiguous bytes it hands over (the piece itself, or its
+  staging region right after packing), while its window's messages are in flight; the receiver's from
+  the bytes that arrived: a staged message's staging region as it lands, a direct one from its final
+  new tensor once everything landed (a later write over it is caught too). `compare` then checks
+  them per pair of processes. A local `copy` moves nothing between processes and is not digested.
+  With release early every message is digested as it lands and confirmed to its sender after the
+  window (one vector per peer and window, not a second hash of the whole buffer).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from migrate.checksum import unit_digest, view_digest
+from migrate.checksum import unit_digest
 
 #: pieces below this size between two processes travel in one packed message
 SMALL_BYTES = 64 << 10
@@ -93,7 +95,7 @@ class TransferStats:
     windows: int = 0
     released: int = 0
     staging_bytes: int = 0
-    final_digest_s: float = 0.0  # seconds spent digesting the new tensors after the last window
+    final_digest_s: float = 0.0  # seconds spent digesting direct messages' new tensors after the last window
     staging_fresh: int = 0  # staging bytes allocated during the run (the buffers given ahead were too small)
 
 
@@ -131,14 +133,14 @@ class Exchange:
         self.group, self.window_bytes, self.release, self.small_bytes = group, window_bytes, release, small_bytes
         self._sends: dict[int, list[tuple[tuple, _Piece]]] = {}
         self._recvs: dict[int, list[tuple[tuple, _Piece]]] = {}
-        self._copies: list[tuple[torch.Tensor, torch.Tensor, Hashable | None, Hashable | None]] = []
-        # digests=True: unit_digest of every piece sent or copied from (`sent`), received or copied into
-        # (`got`), by the key given to send/recv/copy
+        self._copies: list[tuple[torch.Tensor, torch.Tensor, Hashable | None]] = []
+        # digests=True (and release early): unit_digest of the bytes of every message sent (`sent`) and
+        # received (`got`), by message key
         self.digests = digests
-        self.sent: dict[Hashable, int] = {}
-        self.got: dict[Hashable, int] = {}
-        self._landed: list[tuple[Hashable, torch.Tensor]] = []  # copies' targets, digested at the end
-        self._scratch: torch.Tensor | None = None
+        self.sent: dict[tuple, int] = {}
+        self.got: dict[tuple, int] = {}
+        self._direct: list[_Message] = []  # received straight into new tensors, digested after the last window
+        self._msgs: list[_Message] = []  # this run's messages, for `compare`
         self._uses: dict[Hashable, int] = {}
         self.stats = TransferStats()
 
@@ -161,10 +163,9 @@ class Exchange:
             nbytes, contiguous = _bytes(t), t.is_contiguous()
         self._recvs.setdefault(peer, []).append((key, _Piece(t, nbytes, contiguous, None, key)))
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, owner: Hashable | None = None,
-             key: Hashable | None = None) -> None:
-        """Copy view `src` (of old tensor `owner`) into view `dst` in this process (`key`: its digests' name)."""
-        self._copies.append((dst, src, owner, key))
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, owner: Hashable | None = None) -> None:
+        """Copy view `src` (of old tensor `owner`) into view `dst` in this process."""
+        self._copies.append((dst, src, owner))
         if owner is not None:
             self._uses[owner] = self._uses.get(owner, 0) + 1
 
@@ -208,12 +209,7 @@ class Exchange:
         large enough: strided and packed pieces pass through them, and a kernel receiving into fresh
         memory zeroes every page first (a quarter of the CPU of a pp4tp4 -> pp4tp2 transfer)."""
         me = dist.get_rank(self.group)
-        if self.digests:
-            self._scratch = self._scratch_for_strided()
-        for dst, src, owner, key in self._copies:
-            if self.digests and key is not None:
-                self.sent[key] = view_digest(src, self._scratch)
-                self._landed.append((key, dst))
+        for dst, src, owner in self._copies:
             dst.copy_(src)
             self._used(owner)
         self._copies.clear()  # a view keeps its old tensor's memory alive: drop it once used
@@ -221,7 +217,8 @@ class Exchange:
             for owner, uses in list(self._uses.items()):
                 if uses == 0:
                     self._release(owner)
-        windows = self._windows(self._messages(me))
+        self._msgs = self._messages(me)
+        windows = self._windows(self._msgs)
         temp_in = max((sum(m.temp for m in w if not m.outgoing) for w in windows), default=0)
         temp_out = max((sum(m.temp for m in w if m.outgoing) for w in windows), default=0)
         device = self._device()
@@ -237,29 +234,38 @@ class Exchange:
                 self._window(window, staging_in, staging_out, acks)
                 self._settle(acks, wait=False)
             self._settle(acks, wait=True)
-            if self.digests:  # what sits in the new tensors now, after every write (release early: as it landed)
+            if self._direct:  # what sits in the new tensors now, after every write
                 t0 = time.perf_counter()
-                landed = self._landed + [(p.key, p.tensor) for items in self._recvs.values() for _k, p in items]
-                for key, t in landed:
-                    self.got.setdefault(key, view_digest(t, self._scratch))
+                for m in self._direct:
+                    self.got[m.key] = unit_digest(_flat(m.pieces[0].tensor))
+                self._direct.clear()
                 self.stats.final_digest_s = time.perf_counter() - t0
         except TransferError:
             raise
         except Exception as exc:  # a dead peer shows up here as a gloo error
             raise TransferError(f"{type(exc).__name__}: {exc}") from exc
         self.stats.windows = len(windows)
-        self._landed.clear()
-        self._scratch = None
         return self.stats
 
-    def _scratch_for_strided(self) -> torch.Tensor | None:
-        """One reusable buffer as large as the largest strided piece digested here (view_digest)."""
-        need = [_bytes(t) for dst, src, _o, key in self._copies if key is not None
-                for t in (dst, src) if not t.is_contiguous()]
-        need += [p.nbytes for items in self._recvs.values() for _k, p in items if not p.contiguous]
-        if not need:
-            return None
-        return torch.empty(max(need), dtype=torch.uint8, device=self._device())
+    def compare(self) -> tuple[list[Hashable], int]:
+        """After `run` with digests: every sender hands each receiver its messages' digests (one int64
+        vector per pair of processes, in key order), and the receiver compares them with what arrived.
+        Returns the keys of the pieces received here in messages that differ, and how many pieces were
+        received and checked here. Every participant calls it."""
+        out: dict[int, list[_Message]] = {}
+        into: dict[int, list[_Message]] = {}
+        for m in self._msgs:
+            (out if m.outgoing else into).setdefault(m.peer, []).append(m)
+        ex = Exchange(self.group)
+        for peer, ms in out.items():
+            ex.send(peer, ("digests",), torch.tensor([signed64(self.sent[m.key]) for m in ms], dtype=torch.int64))
+        boxes = {peer: torch.zeros(len(ms), dtype=torch.int64) for peer, ms in into.items()}
+        for peer, box in boxes.items():
+            ex.recv(peer, ("digests",), box)
+        ex.run()
+        bad = [p.key for peer, ms in into.items() for m, d in zip(ms, boxes[peer].tolist())
+               if d != signed64(self.got[m.key]) for p in m.pieces]
+        return bad, sum(len(m.pieces) for ms in into.values() for m in ms)
 
     def _device(self) -> torch.device:
         for items in self._sends.values():
@@ -299,49 +305,32 @@ class Exchange:
                 ops.append(dist.irecv(buf, group=self.group, group_src=m.peer))
                 self.stats.bytes_received += m.nbytes
             self.stats.messages += 1
-        if self.digests:  # the sender's digests, from the bytes on their way (in flight meanwhile)
+        digest = self.digests or self.release is not None
+        if digest:  # the sender's digests, from the bytes on their way (in flight meanwhile)
             for m, buf in sent:
-                self._digest_sent(m, buf)
+                self.sent[m.key] = unit_digest(buf)
         for op in ops:
             op.wait()
         for m, buf in unpack:
             if buf is not None:
+                if digest:  # the staged bytes as they arrived
+                    self.got[m.key] = unit_digest(buf)
                 pos = 0
                 for p in m.pieces:
                     dst = p.tensor
                     dst.copy_(buf[pos:pos + p.nbytes].view(dst.dtype).view(dst.shape))
                     pos += p.nbytes
-            if self.release is None:
-                continue
-            # what arrived, once it sits in place, confirmed to the sender after the window
-            if self.digests:  # the pieces' digests, which the final comparison reuses
-                for p in m.pieces:
-                    self.got[p.key] = view_digest(p.tensor, self._scratch)
-                acks.landed(m.peer, [self.got[p.key] for p in m.pieces])
-            else:
-                acks.landed(m.peer, [unit_digest(buf if buf is not None else _flat(m.pieces[0].tensor))])
+            elif self.release is not None:  # landed in its new tensor: confirmed now, not at the end
+                self.got[m.key] = unit_digest(_flat(m.pieces[0].tensor))
+            elif digest:
+                self._direct.append(m)
+            if self.release is not None:  # confirmed to the sender after the window
+                acks.landed(m.peer, [self.got[m.key]])
         if self.release is None:
             return
         acks.confirm()
-        for m, buf in sent:
-            acks.expect(m, [self.sent[p.key] for p in m.pieces] if self.digests else [unit_digest(buf)])
-        if self.release is None:
-            for m, _buf in sent:
-                for p in m.pieces:
-                    self._used(p.owner)
-                    p.source = None
-
-    def _digest_sent(self, m: _Message, buf: torch.Tensor) -> None:
-        """Digests of message `m`'s pieces from the contiguous bytes sent: the piece, or its staging region."""
-        if not m.temp:
-            p = m.pieces[0]
-            self.sent[p.key] = unit_digest(p.tensor)
-            return
-        pos = 0
-        for p in m.pieces:
-            t = p.tensor
-            self.sent[p.key] = unit_digest(buf[pos:pos + p.nbytes].view(t.dtype).view(t.shape))
-            pos += p.nbytes
+        for m, _buf in sent:
+            acks.expect(m, [self.sent[m.key]])
 
     def _settle(self, acks: "_Acks", wait: bool) -> None:
         """Release the owners whose receivers confirmed their pieces (release mode)."""
