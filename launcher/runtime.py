@@ -534,7 +534,7 @@ class Job:
         mine = new_ms[new_rank].by_fqn() if new_rank is not None else {}
         moved = sum(transfer_bytes(t, mine[t.fqn]) for t in transfers if t.dst == new_rank and same.get(t.dst) != t.src)
         groups = self.ctl.formed_s(f"m{e}")
-        # execute: the transfer; the digests' comparison (every piece verified at both ends) is `other`
+        # execute: the transfer; the digests' comparison (every message verified at both ends) is `other`
         phases = {"build_groups": groups, "execute": result.phases.get("transfer", t2 - t1),
                   "other": other + result.phases.get("verify", 0.0)}
         verified = {"units_verified": result.units_verified, "verified": True}

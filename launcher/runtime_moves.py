@@ -204,7 +204,7 @@ def move(la: "Launcher", target: list[str], trigger: str, failed=(), ready_timeo
     at = None if failed else la.ctl.at(e)
     out.at_step = at if at is not None else min(steps) if steps else None
     out.bytes_moved = sum(r.get("bytes_moved", 0) for r in results.values())
-    # every transferred piece's digests compared at both ends (migrate.reshard.execute verify=True; a
+    # every message's digests compared at both ends (migrate.reshard.execute verify=True; a
     # mismatch anywhere fails every participant, so a committed move verified is bit-exact)
     out.bit_exact = all(r.get("verified") for r in results.values())
     la.db.finish_migration(mid, "succeeded", out.bytes_moved, out.bytes_checkpoint, out.bit_exact, phases, error=error,
