@@ -115,7 +115,7 @@ class Job:
         self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
         self.ckpt_every = int(os.environ.get(C.ENV_CKPT_EVERY, "0") or 0) if self.ckpt_dir else 0
         self._saved = -1  # the last step a safety checkpoint was written at
-        self._prepared: dict[int, dict] = {}  # event -> {"targets", "staging"} allocated ahead of that reshard
+        self._prepared: dict[int, dict] = {}  # event -> {"targets", "staging", "local"} made ahead of that reshard
         self._plans: dict[int, tuple] = {}  # event -> this process's plan of that reshard (the latest only)
         self.fault = runtime_faults.fault_for(device)  # $ELASTIC_FAULT (tests)
         self.safety = runtime_ckpt.Safety(self.ckpt_dir, self.log, self.fault)  # background safety checkpoints
@@ -415,7 +415,7 @@ class Job:
         layer's staging buffers (strided and packed pieces) are made here too, in both modes. Every
         participant plans the reshard here, a worker that only sends too (a shrink's leavers planned it
         inside the pause: 2.1 s of the 6.6 s pause of pp6tp4 -> pp4tp2, 16 of them on 2 cores)."""
-        from migrate.reshard import allocate_staging, allocate_targets, plan_staging, plan_targets
+        from migrate.reshard import allocate_staging, allocate_targets, plan_local, plan_staging, plan_targets
 
         e = ev["epoch"]
         if ev.get("kind") != "reshard" or self.device not in ev["participants"]:
@@ -429,13 +429,16 @@ class Job:
         targets = None if early or new_rank is None else \
             allocate_targets(plan_targets(transfers, old_rank, new_rank, old_m, new_m))
         staging = allocate_staging(plan_staging(transfers, old_rank, new_rank, old_m, new_m, early))
-        self._prepared[e] = {"targets": targets, "staging": staging}
+        local = plan_local(transfers, old_rank, new_rank, old_m, new_m)
+        self._prepared[e] = {"targets": targets, "staging": staging, "local": local}
 
     def _plan_reshard(self, ev: dict) -> tuple:
         """This process's view of reshard event `ev` (pure): the surviving old ranks, its old and new rank
         (None: none), the old and new layouts' manifests (a failed rank's empty), which old rank each new
-        rank already is (same process), and every transfer (migrate.reshard.plan_transfers). Planned once per
-        event: _prepare plans ahead while the old layout trains, and the reshard reuses it inside the pause."""
+        rank already is (same process), and the transfers it sends or receives (of every process's
+        migrate.reshard.plan_transfers: the rest it would only skip, pass after pass, inside the pause).
+        Planned once per event: _prepare plans ahead while the old layout trains, and the reshard reuses
+        it inside the pause."""
         if ev["epoch"] not in self._plans:
             self._plans = {ev["epoch"]: self._plan_reshard_now(ev)}
         return self._plans[ev["epoch"]]
@@ -454,7 +457,9 @@ class Job:
         new_ms = self._manifests(curr["layout"])
         same = {r: prev["devices"].index(d) for r, d in enumerate(curr["devices"])
                 if d in prev["devices"] and d not in failed}
-        return alive, old_rank, new_rank, old_ms, new_ms, same, plan_transfers(old_ms, new_ms, same)
+        mine = [t for t in plan_transfers(old_ms, new_ms, same)
+                if t.src == old_rank and old_rank is not None or t.dst == new_rank and new_rank is not None]
+        return alive, old_rank, new_rank, old_ms, new_ms, same, mine
 
     def _reshard(self, ev: dict) -> bool:
         """Move the state from the old layout to the new one (migrate.reshard, by manifest); commits
@@ -506,7 +511,7 @@ class Job:
                              old_ms[old_rank] if old_rank is not None else None,
                              new_ms[new_rank] if new_rank is not None else None, procs_old, procs_new,
                              release_early=release_early, targets=prepared.get("targets"), verify=True,
-                             on_window=on_window, staging=prepared.get("staging"))
+                             on_window=on_window, staging=prepared.get("staging"), local=prepared.get("local"))
             t2 = time.perf_counter()
             self.ctl.mark("moved")
             st = result.stats

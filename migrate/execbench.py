@@ -103,19 +103,20 @@ def _once(device: int, job: dict, profile: bool):
         run = lambda: DeviceExecutor(p, device, state if old_rank is not None else None, None,  # noqa: E731
                                      job["window"], None, release, targets).run()
     else:
-        from migrate.reshard import allocate_staging, allocate_targets, execute, plan_staging, plan_targets
+        from migrate.reshard import allocate_staging, allocate_targets, execute, plan_local, plan_staging, plan_targets
 
         local = {f"{k}.{name}": t for (k, name), t in old.items()}
         old = None
         old_ms, new_ms, transfers = job["manifests"]
         om = old_ms[old_rank] if old_rank is not None else None
         nm = new_ms[new_rank] if new_rank is not None else None
-        # targets and staging allocated ahead (before the pause in a real migration), as the worker does
+        # targets, staging and this process's part planned ahead (before the pause in a real migration), as the worker does
         targets = None if release else allocate_targets(plan_targets(transfers, old_rank, new_rank, om, nm))
         staging = allocate_staging(plan_staging(transfers, old_rank, new_rank, om, nm, release))
+        part = plan_local(transfers, old_rank, new_rank, om, nm)
         run = lambda: execute(transfers, old_rank, new_rank, local, om, nm,  # noqa: E731
                               list(p.prev.devices), list(p.curr.devices), release_early=release,
-                              targets=targets, verify=job["verify"], staging=staging)
+                              targets=targets, verify=job["verify"], staging=staging, local=part)
     dist.barrier()
     prof = _profiler(device) if profile else None
     t0, c0 = time.perf_counter(), time.process_time()

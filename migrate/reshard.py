@@ -12,8 +12,9 @@ What a process does around the pause (the API a runtime wires in):
     transfers = plan_transfers(old_ms, new_ms, same)                     # pure, every process alike
     entries = plan_targets(transfers, old_rank, new_rank, old_m, new_m)   # pure: what to allocate ahead
     targets = allocate_targets(entries)                                   # before the pause (page faults)
+    local = plan_local(transfers, old_rank, new_rank, old_m, new_m)       # pure: this process's part
     new = execute(transfers, old_rank, new_rank, old_state, old_m, new_m, procs_old, procs_new,
-                  targets=targets, release_early=False, verify=True)      # the pause
+                  targets=targets, local=local, release_early=False, verify=True)  # the pause
     new.units_verified, new.kept, new.phases                              # what to record
 
 A piece the process already holds whole and unchanged (`kept_pieces`) is not allocated nor copied:
@@ -166,12 +167,72 @@ def allocate_staging(need: tuple[int, int], device=None) -> tuple[object, object
     return tuple(torch.zeros(n, dtype=torch.uint8, device=device) for n in need)
 
 
-def _piece(t, e: ShardEntry, tr: Transfer):
-    """The view of local tensor `t` (piece `e`) holding the transfer's rows."""
-    if tr.dim is None:
-        return t
-    base = e.range[0] if e.dim is not None else 0
-    return t.narrow(tr.dim, tr.lo - base, tr.hi - tr.lo)
+def _at(e: ShardEntry, tr: Transfer) -> int:
+    """Where the transfer's rows start in local piece `e` (along tr.dim)."""
+    return tr.lo - (e.range[0] if e.dim is not None else 0) if tr.dim is not None else 0
+
+
+def _cut(t, dim: int | None, at: int, length: int):
+    """The view of local tensor `t` holding `length` rows from `at` along `dim` (None: all of it)."""
+    return t if dim is None else t.narrow(dim, at, length)
+
+
+@dataclass(frozen=True)
+class LocalStep:
+    """One transfer as this process does it: `op` "send" (rows of its old tensor `fqn`, from `old_at`),
+    "recv" (into its new tensor, from `new_at`: `nbytes`, contiguous when `whole`) or "copy" (both ends
+    here); `key` names it alike at both ends."""
+
+    op: str
+    fqn: str
+    key: tuple
+    src: int
+    dst: int
+    dim: int | None
+    old_at: int
+    new_at: int
+    length: int
+    nbytes: int
+    whole: bool
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """What `execute` does on one process, worked out from the transfers and manifests alone (pure,
+    `plan_local`), so that a runtime can do it before the pause: inside it, only views are cut and
+    messages posted (planning it there was about half of a pp4tp2dp3 -> pp4tp8dp1 process's CPU in
+    the transfer). `kept`: FQNs taken unchanged; `steps` in key order; `new`: (fqn, local shape, dtype)
+    of every new piece; `old`: the FQNs of the old state."""
+
+    kept: frozenset[str]
+    steps: tuple[LocalStep, ...]
+    new: tuple[tuple[str, tuple[int, ...], str], ...]
+    old: tuple[str, ...]
+
+
+def plan_local(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
+               old_manifest: Manifest | None, new_manifest: Manifest | None) -> LocalPlan:
+    """This process's part of `transfers` (it is old rank `old_rank` and new rank `new_rank`). Pure."""
+    from migrate.transfer import narrow_is_contiguous
+
+    olds = old_manifest.by_fqn() if old_manifest is not None else {}
+    news = new_manifest.by_fqn() if new_manifest is not None else {}
+    kept = kept_pieces(transfers, old_rank, new_rank, old_manifest, new_manifest)
+    steps = []
+    for tr in sorted((t for t in transfers if t.src == old_rank and t.dst != new_rank
+                      or t.dst == new_rank and t.fqn not in kept), key=_key):
+        mine_old, mine_new = old_rank == tr.src, new_rank == tr.dst
+        op = "copy" if mine_old and mine_new else "send" if mine_old else "recv"
+        length = tr.hi - tr.lo
+        old_at = _at(olds[tr.fqn], tr) if mine_old else 0
+        nbytes, whole, new_at = 0, True, 0
+        if mine_new:
+            e = news[tr.fqn]
+            new_at, nbytes = _at(e, tr), transfer_bytes(tr, e)
+            whole = tr.dim is None or narrow_is_contiguous(e.local_shape, tr.dim, length)
+        steps.append(LocalStep(op, tr.fqn, _key(tr), tr.src, tr.dst, tr.dim, old_at, new_at, length, nbytes, whole))
+    return LocalPlan(kept, tuple(steps), tuple((e.fqn, tuple(e.local_shape), e.dtype) for e in news.values()),
+                     tuple(olds))
 
 
 class Resharded(dict):
@@ -197,13 +258,14 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
             old_state: MutableMapping[str, object], old_manifest: Manifest | None, new_manifest: Manifest | None,
             proc_of_old: Sequence[int], proc_of_new: Sequence[int], group=None, release_early: bool = False,
             window_bytes: int | None = None, on_window=None, targets: Mapping[str, object] | None = None,
-            verify: bool = True, staging: tuple | None = None) -> Resharded:
+            verify: bool = True, staging: tuple | None = None, local: LocalPlan | None = None) -> Resharded:
     """Run this process's part of `transfers` on the shared transfer layer (migrate.transfer);
     returns its new local tensors by FQN (a `Resharded` dict).
 
     `old_state`: this process's local tensors (old rank `old_rank`), `proc_of_old[r]`/`proc_of_new[r]`:
     the rank in `group` (the process group of old and new processes) of old/new rank r. Every
-    process of `group` calls it with the same transfers, so sends and receives pair up. Safe by
+    process of `group` calls it with the same transfers (or with those it sends or receives: it skips
+    the others), so sends and receives pair up. Safe by
     default: `old_state` is not written, and a failure (migrate.transfer.TransferError, or
     MigrationMismatch on every process when `verify` finds a piece that differs) leaves it whole.
     Pieces held unchanged (`kept_pieces`) are the very old tensors in the result, unless `targets`
@@ -212,18 +274,20 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
     memory; a failure then leaves some old tensors gone, covered by verified new copies).
     `targets`: new tensors by FQN allocated (and written) ahead, before the pause (plan_targets,
     allocate_targets): receiving into memory already mapped is several times faster on CPU. `staging`:
-    the transfer layer's buffers allocated ahead the same way (plan_staging, allocate_staging)."""
+    the transfer layer's buffers allocated ahead the same way (plan_staging, allocate_staging). `local`:
+    this process's part of the transfers worked out ahead (plan_local of the same arguments); without
+    it, execute works it out itself."""
     import time
 
     import torch
 
-    from migrate.transfer import EARLY_WINDOW_BYTES, WINDOW_BYTES, Exchange, narrow_is_contiguous
+    from migrate.transfer import EARLY_WINDOW_BYTES, WINDOW_BYTES, Exchange
 
     t0 = time.perf_counter()
-    olds = old_manifest.by_fqn() if old_manifest is not None else {}
-    news = new_manifest.by_fqn() if new_manifest is not None else {}
+    lp = local if local is not None else plan_local(transfers, old_rank, new_rank, old_manifest, new_manifest)
+    shapes = {fqn: (shape, dtype) for fqn, shape, dtype in lp.new}
     result = Resharded(targets)
-    kept = kept_pieces(transfers, old_rank, new_rank, old_manifest, new_manifest) - set(result)
+    kept = lp.kept - set(result)
     for fqn in kept:
         result[fqn] = old_state[fqn]
     result.kept = kept
@@ -231,34 +295,29 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
     def target(fqn: str):
         t = result.get(fqn)
         if t is None:
-            e = news[fqn]
-            t = result[fqn] = torch.empty(e.local_shape, dtype=getattr(torch, e.dtype))
+            shape, dtype = shapes[fqn]
+            t = result[fqn] = torch.empty(shape, dtype=getattr(torch, dtype))
         return t
 
     def release(fqn: str) -> None:
         old_state.pop(fqn, None)
 
-    mine = sorted((t for t in transfers if t.src == old_rank and t.dst != new_rank
-                   or t.dst == new_rank and t.fqn not in kept), key=_key)
     ex = Exchange(group, window_bytes or (EARLY_WINDOW_BYTES if release_early else WINDOW_BYTES),
                   release if release_early else None, digests=verify)
-    for tr in mine:  # the layer orders them
-        src_proc, dst_proc = proc_of_old[tr.src], proc_of_new[tr.dst]
-        mine_old, mine_new = old_rank == tr.src, new_rank == tr.dst
-        if mine_old and mine_new:
-            ex.copy(_piece(target(tr.fqn), news[tr.fqn], tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
-        elif mine_old:
-            ex.send(dst_proc, _key(tr), _piece(old_state[tr.fqn], olds[tr.fqn], tr), tr.fqn)
+    for s in lp.steps:  # in key order; the layer orders them
+        if s.op == "copy":
+            ex.copy(_cut(target(s.fqn), s.dim, s.new_at, s.length), _cut(old_state[s.fqn], s.dim, s.old_at, s.length),
+                    s.fqn)
+        elif s.op == "send":
+            ex.send(proc_of_new[s.dst], s.key, _cut(old_state[s.fqn], s.dim, s.old_at, s.length), s.fqn)
         else:
-            e = news[tr.fqn]
-            whole = tr.dim is None or narrow_is_contiguous(e.local_shape, tr.dim, tr.hi - tr.lo)
-            ex.recv(src_proc, _key(tr), lambda tr=tr: _piece(target(tr.fqn), news[tr.fqn], tr),
-                    transfer_bytes(tr, e), whole)
+            ex.recv(proc_of_old[s.src], s.key, lambda s=s: _cut(target(s.fqn), s.dim, s.new_at, s.length),
+                    s.nbytes, s.whole)
     if release_early:  # a kept tensor leaves old_state too (it lives on in the result)
-        for fqn in olds:
+        for fqn in lp.old:
             ex.own(fqn)
     result.stats = ex.run(on_window, staging)
-    for fqn in news:  # pieces that no transfer fills (an empty shard) still exist
+    for fqn in shapes:  # pieces that no transfer fills (an empty shard) still exist
         target(fqn)
     t1 = time.perf_counter()
     # the senders' digests are taken while their bytes are in flight, staged messages' as they land

@@ -70,6 +70,36 @@ def test_bytes_of_a_transfer_are_the_elements_it_moves(a: int, b: int) -> None:
         assert transfer_bytes(tr, e) == int(mask.sum()) * 4, tr
 
 
+@pytest.mark.parametrize("a,b,same", [(2, 1, {0: 1}), (1, 2, {}), (2, 2, {0: 1, 1: 0}), (1, 3, {2: 0}), (2, 2, {0: 0})])
+def test_local_plan_cuts_the_rows_each_transfer_names(a: int, b: int, same: dict[int, int]) -> None:
+    """plan_local, worked out ahead of the pause: every process sends, receives or copies exactly its
+    transfers, and its offsets cut from its local tensors the rows the transfer names in the whole
+    tensor (the oracle: torch.chunk of the full tensors, not the manifests' ranges)."""
+    from migrate.reshard import _cut, plan_local
+
+    old, new = layout(a, 4, 6), layout(b, 4, 6)
+    full = full_tensors(4, 6)
+    trs = plan_transfers(old, new, same)
+    procs = [(o, n) for n, o in same.items()] + [(o, None) for o in range(a) if o not in same.values()] + \
+        [(None, n) for n in range(b) if n not in same]
+    for o, n in procs:
+        om, nm = (old[o] if o is not None else None), (new[n] if n is not None else None)
+        lp = plan_local(trs, o, n, om, nm)
+        want = {("copy" if t.src == o and t.dst == n else "send" if t.src == o else "recv", t.fqn, t.dst, t.src,
+                 t.dim, t.lo, t.hi) for t in trs
+                if (t.src == o or t.dst == n) and not (t.dst == n and t.fqn in lp.kept)}
+        assert {(s.op, *s.key[:3], s.dim, *s.key[4:]) for s in lp.steps} == want
+        assert lp.kept <= {e.fqn for e in nm.entries} if nm else not lp.kept
+        for s in lp.steps:
+            rows = full[s.fqn] if s.dim is None else full[s.fqn].narrow(s.dim, s.key[4], s.key[5] - s.key[4])
+            if s.op in ("send", "copy"):
+                assert torch.equal(_cut(cut(full[s.fqn], om.by_fqn()[s.fqn]), s.dim, s.old_at, s.length), rows)
+            if s.op in ("recv", "copy"):
+                view = _cut(cut(full[s.fqn], nm.by_fqn()[s.fqn]).contiguous(), s.dim, s.new_at, s.length)
+                assert torch.equal(view, rows)
+                assert (s.nbytes, s.whole) == (rows.numel() * rows.element_size(), view.is_contiguous())
+
+
 def test_a_piece_nobody_holds_is_refused() -> None:
     with pytest.raises(ManifestError, match="no process holds"):
         plan_transfers([Manifest(())], layout(1), {})
