@@ -110,7 +110,7 @@ def _once(device: int, job: dict, profile: bool):
         old_ms, new_ms, transfers = job["manifests"]
         om = old_ms[old_rank] if old_rank is not None else None
         nm = new_ms[new_rank] if new_rank is not None else None
-        # targets, staging and this process's part planned ahead (before the pause in a real migration), as the worker does
+        # targets, staging and this process's part made ahead (before the pause in a real migration), as a worker
         targets = None if release else allocate_targets(plan_targets(transfers, old_rank, new_rank, om, nm))
         staging = allocate_staging(plan_staging(transfers, old_rank, new_rank, om, nm, release))
         part = plan_local(transfers, old_rank, new_rank, om, nm)
