@@ -458,7 +458,7 @@ class Job:
         same = {r: prev["devices"].index(d) for r, d in enumerate(curr["devices"])
                 if d in prev["devices"] and d not in failed}
         mine = [t for t in plan_transfers(old_ms, new_ms, same)
-                if t.src == old_rank and old_rank is not None or t.dst == new_rank and new_rank is not None]
+                if t.src == old_rank or t.dst == new_rank]  # a rank of None matches none
         return alive, old_rank, new_rank, old_ms, new_ms, same, mine
 
     def _reshard(self, ev: dict) -> bool:

@@ -67,7 +67,7 @@ class _Piece:
     nbytes: int
     contiguous: bool
     owner: Hashable | None = None  # the old tensor a send reads, for release-early bookkeeping
-    key: Hashable | None = None  # the piece's name in the digests (None: not digested)
+    key: Hashable | None = None  # the piece's name, reported when its message's digests differ
 
     @property
     def tensor(self) -> torch.Tensor:
