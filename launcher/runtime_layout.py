@@ -99,10 +99,27 @@ def parse_layout(text: str, rank: int, world: int) -> Layout:
 
 
 def device_mesh(lay: Layout):
-    """The (pp, dp, tp) CPU DeviceMesh of the current world (every rank calls it: it forms groups)."""
-    from torch.distributed.device_mesh import init_device_mesh
+    """The (pp, dp, tp) CPU DeviceMesh of the current world (every rank calls it). Each process forms
+    only the groups it is in, synchronised with their members alone (new_group's
+    use_local_synchronization): init_device_mesh forms every group of every dimension on every process,
+    each behind a barrier of the whole world, which inside a migration's pause cost 0.16 s of 32
+    processes on 2 cores (pp4tp8dp1: 44 groups, of which a process is in 3). A dimension as large as
+    the world is the world's own group; dimensions with the same members share one group."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
 
-    return init_device_mesh("cpu", (lay.pp, lay.dp, lay.tp), mesh_dim_names=("pp", "dp", "tp"))
+    grid = torch.arange(lay.world_size).view(lay.pp, lay.dp, lay.tp)
+    made: dict[tuple[int, ...], object] = {}
+    groups = []
+    for dim, size in enumerate(grid.shape):
+        rows = grid.movedim(dim, -1).reshape(-1, size).tolist()
+        ranks = tuple(next(r for r in rows if lay.rank in r))
+        if ranks not in made:
+            made[ranks] = dist.group.WORLD if size == lay.world_size else \
+                dist.new_group(list(ranks), use_local_synchronization=True)
+        groups.append(made[ranks])
+    return DeviceMesh.from_group(groups, "cpu", mesh=grid, mesh_dim_names=("pp", "dp", "tp"))
 
 
 def keep_stage_blocks(blocks, layout: Layout) -> None:
