@@ -270,8 +270,8 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
     MigrationMismatch on every process when `verify` finds a piece that differs) leaves it whole.
     Pieces held unchanged (`kept_pieces`) are the very old tensors in the result, unless `targets`
     names them. `release_early`: each old tensor is dropped from `old_state` once its receivers
-    confirmed their copies, and new tensors are allocated only when their window comes (lower peak
-    memory; a failure then leaves some old tensors gone, covered by verified new copies).
+    confirmed their copies, and new tensors not in `targets` are allocated only when their window comes
+    (lower peak memory; a failure then leaves some old tensors gone, covered by verified new copies).
     `targets`: new tensors by FQN allocated (and written) ahead, before the pause (plan_targets,
     allocate_targets): receiving into memory already mapped is several times faster on CPU. `staging`:
     the transfer layer's buffers allocated ahead the same way (plan_staging, allocate_staging). `local`:

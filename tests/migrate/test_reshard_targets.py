@@ -1,7 +1,8 @@
 """migrate.reshard around the pause: what to allocate ahead (pure, checked by element masks), receiving
 into those buffers, unchanged pieces kept as the very old tensors, digests that catch a corrupted
 piece on every process with the old state whole, and release-early really freeing old memory during
-the transfer. Real processes (gloo); the oracle is the full tensors each piece is cut from."""
+the transfer (a joiner receiving into tensors allocated ahead all the same). Real processes (gloo); the
+oracle is the full tensors each piece is cut from."""
 from __future__ import annotations
 
 import weakref
@@ -183,6 +184,28 @@ def test_release_early_frees_old_tensors_during_the_transfer() -> None:
     got = run_spawned(_frees, 3)
     assert [(leaks, left) for leaks, _freed, left in got.values()] == [([], 0)] * 3  # no leak, nothing old left
     assert any(freed for _leaks, freed, _left in got.values())  # the check ran while tensors were being released
+
+
+def _joiner_ahead(proc: int, port: int, q) -> None:
+    import torch.distributed as dist
+
+    _init(proc, port)
+    full = full_tensors()
+    a, b = (2, [0, 1]), (2, [0, 2])  # 0 keeps its shard, 1 sends all and leaves, 2 joins
+    state = start(proc, *a, full)
+    # as the runtime does with --release-early: only the joiner (no old state) allocates ahead
+    m, new, targets = step(proc, a, b, state, ahead=proc == 2, release_early=True, window_bytes=8 << 10)
+    landed = bool(targets) and all(new[f] is t for f, t in targets.items())
+    q.put((proc, (m is None or holds_exactly(new, m, full), landed, len(state))))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_release_early_joiner_receives_into_tensors_allocated_ahead() -> None:
+    from tests.migrate.spawned import run_spawned
+
+    got = run_spawned(_joiner_ahead, 3)
+    assert got == {0: (True, False, 0), 1: (True, False, 0), 2: (True, True, 0)}
 
 
 def _wire(proc: int, port: int, q) -> None:
