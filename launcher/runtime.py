@@ -413,9 +413,10 @@ class Job:
         step: receiving into memory already mapped is several times faster on CPU (facts.md). With
         --release-early memory comes first: a worker that holds old state makes its new tensors only as old
         ones go; a joining worker (no old state: its new tensors are all it will hold, whenever they are
-        made) still allocates ahead. The transfer layer's staging buffers (strided and packed pieces) are made here too, in both modes. Every
-        participant plans the reshard here, a worker that only sends too (a shrink's leavers planned it
-        inside the pause: 2.1 s of the 6.6 s pause of pp6tp4 -> pp4tp2, 16 of them on 2 cores)."""
+        made) still allocates ahead. The transfer layer's staging buffers (strided and packed pieces) are
+        made here too, in both modes. Every participant plans the reshard here, a worker that only sends
+        too (a shrink's leavers planned it inside the pause: 2.1 s of the 6.6 s pause of pp6tp4 -> pp4tp2,
+        16 of them on 2 cores)."""
         from migrate.reshard import allocate_staging, allocate_targets, plan_local, plan_staging, plan_targets
 
         e = ev["epoch"]
