@@ -1,8 +1,8 @@
 """`--dry-run` prints exactly what a real start runs: the same command lines, environment included.
 
 The real start here is `elastic-launch` with the local backend and a worker program that only
-writes down its environment and arguments and exits (so the launcher gives up waiting for it to
-register, exit code 1). Each worker's record is compared with its dry-run line.
+writes down its environment and arguments and exits once every worker has (so the launcher gives up
+waiting for it to register, exit code 1). Each worker's record is compared with its dry-run line.
 """
 from __future__ import annotations
 
@@ -14,8 +14,14 @@ from itertools import takewhile
 from launcher.launch import main
 from migrate.localrun import free_port
 
-DUMP = ("import json, os, sys; json.dump({'env': dict(os.environ), 'argv': sys.argv[1:]}, "
-        "open(os.path.join(sys.argv[1], os.environ['ELASTIC_DEVICE'] + '.json'), 'w'))")
+#: writes its record (whole: by rename), then waits until every worker's record is there (at most 15 s,
+#: under --ready-timeout) before it exits: the launcher stops the others as soon as one exits without
+#: registering, and on a loaded machine it once stopped a worker before that one had written anything
+DUMP = ("import json, os, sys, time; d = sys.argv[1]; p = os.path.join(d, os.environ['ELASTIC_DEVICE'] + '.json'); "
+        "f = open(p + '.tmp', 'w'); json.dump({'env': dict(os.environ), 'argv': sys.argv[1:]}, f); f.close(); "
+        "os.replace(p + '.tmp', p); t = time.time(); "
+        "[time.sleep(0.05) for _ in iter(lambda: sum(x.endswith('.json') for x in os.listdir(d)) < 4 "
+        "and time.time() < t + 15, False)]")
 
 
 def test_dry_run_prints_what_the_start_runs(tmp_path, monkeypatch, capsys) -> None:
