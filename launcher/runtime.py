@@ -411,12 +411,10 @@ class Job:
         """Allocate (and touch) the new local tensors this worker will receive in reshard event `ev`, while
         the old layout still trains or, on a joining worker, while it waits for the old layout's last
         step: receiving into memory already mapped is several times faster on CPU (facts.md). With
-        --release-early memory comes first: a worker that holds old state makes its new tensors only as old
-        ones go; a joining worker (no old state: its new tensors are all it will hold, whenever they are
-        made) still allocates ahead. The transfer layer's staging buffers (strided and packed pieces) are
-        made here too, in both modes. Every participant plans the reshard here, a worker that only sends
-        too (a shrink's leavers planned it inside the pause: 2.1 s of the 6.6 s pause of pp6tp4 -> pp4tp2,
-        16 of them on 2 cores)."""
+        --release-early only a joining worker does (plan_targets). The transfer layer's staging buffers
+        (strided and packed pieces) are made here too, in both modes. Every participant plans the reshard
+        here, a worker that only sends too (a shrink's leavers planned it inside the pause: 2.1 s of the
+        6.6 s pause of pp6tp4 -> pp4tp2, 16 of them on 2 cores)."""
         from migrate.reshard import allocate_staging, allocate_targets, plan_local, plan_staging, plan_targets
 
         e = ev["epoch"]
@@ -428,8 +426,7 @@ class Job:
         early = bool(ev.get("release_early"))
         old_m = old_ms[old_rank] if old_rank is not None else None
         new_m = new_ms[new_rank] if new_rank is not None else None
-        targets = None if new_rank is None or early and old_rank is not None else \
-            allocate_targets(plan_targets(transfers, old_rank, new_rank, old_m, new_m))
+        targets = allocate_targets(plan_targets(transfers, old_rank, new_rank, old_m, new_m, early))
         staging = allocate_staging(plan_staging(transfers, old_rank, new_rank, old_m, new_m, early))
         local = plan_local(transfers, old_rank, new_rank, old_m, new_m)
         self._prepared[e] = {"targets": targets, "staging": staging, "local": local}

@@ -111,7 +111,7 @@ def _once(device: int, job: dict, profile: bool):
         om = old_ms[old_rank] if old_rank is not None else None
         nm = new_ms[new_rank] if new_rank is not None else None
         # targets, staging and this process's part made ahead (before the pause in a real migration), as a worker
-        targets = None if release else allocate_targets(plan_targets(transfers, old_rank, new_rank, om, nm))
+        targets = allocate_targets(plan_targets(transfers, old_rank, new_rank, om, nm, release))
         staging = allocate_staging(plan_staging(transfers, old_rank, new_rank, om, nm, release))
         part = plan_local(transfers, old_rank, new_rank, om, nm)
         run = lambda: execute(transfers, old_rank, new_rank, local, om, nm,  # noqa: E731

@@ -118,10 +118,14 @@ def kept_pieces(transfers: Sequence[Transfer], old_rank: int | None, new_rank: i
 
 
 def plan_targets(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
-                 old_manifest: Manifest | None, new_manifest: Manifest | None) -> tuple[ShardEntry, ...]:
+                 old_manifest: Manifest | None, new_manifest: Manifest | None,
+                 release_early: bool = False) -> tuple[ShardEntry, ...]:
     """The new pieces to allocate ahead (`allocate_targets`, before the pause) on the process that is
-    old rank `old_rank` and new rank `new_rank`: every piece of its new manifest but the kept ones."""
-    if new_rank is None or new_manifest is None:
+    old rank `old_rank` and new rank `new_rank`: every piece of its new manifest but the kept ones.
+    With `release_early` memory comes first: a process holding old state allocates nothing ahead (its
+    new tensors are made only as old ones go); a joiner (no old state: its new tensors are all it will
+    hold, whenever they are made) still does."""
+    if new_rank is None or new_manifest is None or release_early and old_rank is not None:
         return ()
     kept = kept_pieces(transfers, old_rank, new_rank, old_manifest, new_manifest)
     return tuple(e for e in new_manifest.entries if e.fqn not in kept)

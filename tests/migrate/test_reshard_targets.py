@@ -51,7 +51,7 @@ def step(proc: int, a: tuple[int, list[int]], b: tuple[int, list[int]], state: d
     n = procs_b.index(proc) if proc in procs_b else None
     om, nm = (old_ms[o] if o is not None else None), (new_ms[n] if n is not None else None)
     trs = plan_transfers(old_ms, new_ms, same)
-    targets = allocate_targets(plan_targets(trs, o, n, om, nm)) if ahead else {}
+    targets = allocate_targets(plan_targets(trs, o, n, om, nm, kw.get("release_early", False))) if ahead else {}
     need = plan_staging(trs, o, n, om, nm, kw.get("release_early", False), kw.get("window_bytes")) if staged else None
     new = execute(trs, o, n, state, om, nm, procs_a, procs_b, targets=targets or None,
                   staging=allocate_staging(need) if need else None, **kw)
@@ -191,10 +191,10 @@ def _joiner_ahead(proc: int, port: int, q) -> None:
 
     _init(proc, port)
     full = full_tensors()
-    a, b = (2, [0, 1]), (2, [0, 2])  # 0 keeps its shard, 1 sends all and leaves, 2 joins
+    a, b = (2, [0, 1]), (1, [0, 2])  # TP2 -> two whole replicas: 0 receives the half it lacks, 1 leaves, 2 joins
     state = start(proc, *a, full)
-    # as the runtime does with --release-early: only the joiner (no old state) allocates ahead
-    m, new, targets = step(proc, a, b, state, ahead=proc == 2, release_early=True, window_bytes=8 << 10)
+    # every process asks, as the runtime does: with release early only the joiner (no old state) allocates ahead
+    m, new, targets = step(proc, a, b, state, ahead=True, release_early=True, window_bytes=8 << 10)
     landed = bool(targets) and all(new[f] is t for f, t in targets.items())
     q.put((proc, (m is None or holds_exactly(new, m, full), landed, len(state))))
     dist.barrier()
