@@ -37,7 +37,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=50, help="train until this step (default 50)")
     p.add_argument("--ckpt-every", type=int, default=2, help="checkpoint every N steps (default 2)")
     p.add_argument("--ckpt-dir", type=Path, required=True, help="folder of the checkpoints (step-<S>)")
-    p.add_argument("--log", type=Path, default=None, help="rank 0 appends `step loss world restart` here")
+    p.add_argument("--log", type=Path, default=None,
+                   help="rank 0 appends `step loss world restart` here, once the step (and its checkpoint) is done")
     p.add_argument("--global-batch", type=int, default=8, help="samples per step over all ranks (default 8)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (demos)")
     p.add_argument("--sleep-while", type=Path, default=None,
@@ -114,12 +115,12 @@ def main() -> None:
         step += 1
         total = loss.detach().clone()
         dist.all_reduce(total)
-        if rank == 0 and args.log:
-            with open(args.log, "a") as f:
-                f.write(f"{step} {total.item() / world:.6f} {world} {restart}\n")
         stop = args.save_on_term and stop_agreed(terms)
         if step % args.ckpt_every == 0 or stop:
             save(model, opt, step, args.ckpt_dir, rank)
+        if rank == 0 and args.log:  # after the step's checkpoint: a logged step is never lost to a restart
+            with open(args.log, "a") as f:  # unless no checkpoint was due at it
+                f.write(f"{step} {total.item() / world:.6f} {world} {restart}\n")
         if stop:
             if rank == 0:
                 print(f"SIGTERM: checkpointed step {step}, exiting", flush=True)

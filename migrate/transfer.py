@@ -270,8 +270,6 @@ class Exchange:
     def _device(self) -> torch.device:
         for items in self._sends.values():
             return items[0][1].tensor.device
-        for dst, _src, _owner, _key in self._copies:
-            return dst.device
         return torch.device("cuda", torch.cuda.current_device()) \
             if dist.is_initialized() and dist.get_backend(self.group) == "nccl" else torch.device("cpu")
 

@@ -112,6 +112,30 @@ def test_a_process_dying_half_way_leaves_the_old_state_intact() -> None:
     assert got == {0: "died", 1: "failed, old state intact: True", 2: "failed, old state intact: True"}
 
 
+def _copies_and_receives_only(proc: int, port: int, q) -> None:
+    import torch.distributed as dist
+
+    _init(proc, port)
+    full = full_tensors()
+    steps = [(2, [0, 1]), (1, [1])]  # process 1 copies its half, receives the other (strided), sends nothing
+    old = layout(2)[proc] if proc in (0, 1) else None
+    state = {e.fqn: cut(full[e.fqn], e).clone() for e in old.entries} if old else {}
+    (m, new, _old), = _move(proc, steps, full, state)
+    exact = m is None and not new or m is not None and set(new) == {e.fqn for e in m.entries} and all(
+        torch.equal(new[e.fqn], cut(full[e.fqn], e)) for e in m.entries)
+    q.put((proc, exact))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_process_that_copies_and_receives_but_sends_nothing_gets_its_whole_piece() -> None:
+    """Its staging (a strided receive, none given ahead, no send to say where its tensors live) is made
+    on the CPU, and its copy and its receive fill one new tensor."""
+    from tests.migrate.spawned import run_spawned
+
+    assert run_spawned(_copies_and_receives_only, 3) == {0: True, 1: True, 2: True}
+
+
 @pytest.mark.parametrize("shape,dim,length", [((4, 6), 0, 2), ((4, 6), 1, 3), ((4, 6), 1, 6), ((1, 6), 1, 2),
                                               ((3, 1, 5), 2, 2), ((2, 3, 4), 1, 3), ((5,), 0, 1)])
 def test_contiguity_of_a_cut_is_known_without_the_tensor(shape, dim, length) -> None:
