@@ -99,7 +99,7 @@ def _once(device: int, job: dict, profile: bool):
         for (kind, name), t in old.items():
             state.tensors[kind][name] = t
         old = None
-        targets = None if release else prepare_targets(p, device)
+        targets = prepare_targets(p, device, release)
         run = lambda: DeviceExecutor(p, device, state if old_rank is not None else None, None,  # noqa: E731
                                      job["window"], None, release, targets).run()
     else:

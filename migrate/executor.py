@@ -49,14 +49,17 @@ def _whole_refer(spec: TensorSpec, old_w: Workload | None, new_w: Workload | Non
         and shard_range(spec, old_w) == shard_range(spec, new_w)
 
 
-def prepare_targets(plan: MigrationPlan, device: int) -> dict[str, dict[str, torch.Tensor]]:
+def prepare_targets(plan: MigrationPlan, device: int,
+                    release_early: bool = False) -> dict[str, dict[str, torch.Tensor]]:
     """The new tensors `device` will fill, allocated and written once now, so that the transfer lands in
     memory that is already mapped (receiving into fresh memory is 3-8x slower on CPU, facts.md).
     Called before the pause (a worker does it when it learns of the migration, while it still trains),
-    it takes the page faults out of the pause. Tensors the device keeps unchanged are not allocated."""
+    it takes the page faults out of the pause. Tensors the device keeps unchanged are not allocated.
+    With `release_early` memory comes first, as in migrate.reshard.plan_targets: a device holding old
+    state allocates nothing ahead (its new tensors are made as its old ones go); a joiner still does."""
     model, units = plan.model, plan.units
     old_rank, new_rank = plan.prev.rank_of().get(device), plan.curr.rank_of().get(device)
-    if new_rank is None:
+    if new_rank is None or release_early and old_rank is not None:
         return {}
     old_w = rank_workload(plan.prev.layout, old_rank, model.layers, units) if old_rank is not None else None
     new_w = rank_workload(plan.curr.layout, new_rank, model.layers, units)

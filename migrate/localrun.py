@@ -112,8 +112,8 @@ def _worker(device: int, sc: Scenario, port: int, queue) -> None:
     if sc.collect_state:
         report.state_before = _dump(state)
     # what a worker does when it learns of the migration, while it still trains: allocate the new tensors
-    targets = None if sc.release_early else \
-        prepare_targets(plan(sc.model, sc.prev, sc.curr, sc.topology(), frozenset(sc.failed)), device)
+    targets = prepare_targets(plan(sc.model, sc.prev, sc.curr, sc.topology(), frozenset(sc.failed)), device,
+                              sc.release_early)
     report.targets_prepared = sum(len(per) for per in (targets or {}).values())
     dist.barrier(group=mig_group)
     t0 = time.perf_counter()

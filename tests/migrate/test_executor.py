@@ -79,12 +79,18 @@ def test_migration_keeps_state_and_losses(name, reference_losses):
         assert losses == pytest.approx(reference_losses, rel=1e-5)
 
 
-def test_release_early_keeps_state_bit_exact(reference_losses):
+@pytest.mark.parametrize("prev,curr", [("pp2tp2", "pp1tp4"), ("pp2", "pp1tp4")])
+def test_release_early_keeps_state_bit_exact(prev, curr, reference_losses):
     # old tensors are released as their receivers confirm them, in windows of 64 KiB
-    sc = Scenario(MODEL, P("pp2tp2"), P("pp1tp4"), TC, steps_before=2, steps_after=2, collect_state=True,
+    sc = Scenario(MODEL, P(prev), P(curr), TC, steps_before=2, steps_after=2, collect_state=True,
                   gpus_per_node=4, release_early=True, chunk_bytes=64 << 10)
     reports = run_scenario(sc, ctx=context())
     assert not [r.error for r in reports if r.error]
+    # memory first: a device holding old state allocates nothing ahead, a joiner (pp2 -> pp1tp4: devices 2
+    # and 3) receives into tensors allocated ahead, every one of them filled
+    joiners = set(range(P(prev).world_size, P(curr).world_size))
+    assert {r.device for r in reports if r.targets_prepared} == joiners
+    assert [r.targets_unused for r in reports] == [0] * len(reports)
     before, _ = _full_state(sc, reports, "prev")
     after, _ = _full_state(sc, reports, "curr")
     assert before.keys() == after.keys()
