@@ -118,8 +118,8 @@ def main() -> None:
         stop = args.save_on_term and stop_agreed(terms)
         if step % args.ckpt_every == 0 or stop:
             save(model, opt, step, args.ckpt_dir, rank)
-        if rank == 0 and args.log:  # after the step's checkpoint: a logged step is never lost to a restart
-            with open(args.log, "a") as f:  # unless no checkpoint was due at it
+        if rank == 0 and args.log:  # after the step's checkpoint: a logged checkpoint step survives a restart
+            with open(args.log, "a") as f:
                 f.write(f"{step} {total.item() / world:.6f} {world} {restart}\n")
         if stop:
             if rank == 0:
