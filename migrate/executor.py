@@ -23,6 +23,7 @@ import torch.distributed as dist
 from migrate.checksum import unit_digest
 from migrate.layout import ModelSpec, TensorSpec
 from migrate.plan import MigrationPlan
+from migrate.reshard import allocates_ahead
 from migrate.state import LocalState, TORCH_DTYPES, held_tensors, local_shape, rank_workload, shard_range
 from migrate.transfer import WINDOW_BYTES, Exchange, TransferError, narrow_is_contiguous
 from migrate.workload import Workload
@@ -54,12 +55,12 @@ def prepare_targets(plan: MigrationPlan, device: int,
     """The new tensors `device` will fill, allocated and written once now, so that the transfer lands in
     memory that is already mapped (receiving into fresh memory is 3-8x slower on CPU, facts.md).
     Called before the pause (a worker does it when it learns of the migration, while it still trains),
-    it takes the page faults out of the pause. Tensors the device keeps unchanged are not allocated.
-    With `release_early` memory comes first, as in migrate.reshard.plan_targets: a device holding old
-    state allocates nothing ahead (its new tensors are made as its old ones go); a joiner still does."""
+    it takes the page faults out of the pause. Tensors the device keeps unchanged are not allocated, and
+    none where the device does not allocate ahead (migrate.reshard.allocates_ahead: with `release_early`
+    only a joiner does)."""
     model, units = plan.model, plan.units
     old_rank, new_rank = plan.prev.rank_of().get(device), plan.curr.rank_of().get(device)
-    if new_rank is None or release_early and old_rank is not None:
+    if not allocates_ahead(old_rank, new_rank, release_early):
         return {}
     old_w = rank_workload(plan.prev.layout, old_rank, model.layers, units) if old_rank is not None else None
     new_w = rank_workload(plan.curr.layout, new_rank, model.layers, units)

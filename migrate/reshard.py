@@ -117,15 +117,22 @@ def kept_pieces(transfers: Sequence[Transfer], old_rank: int | None, new_rank: i
                      and olds[e.fqn].dtype == e.dtype and _box(olds[e.fqn]) == _box(e))
 
 
+def allocates_ahead(old_rank: int | None, new_rank: int | None, release_early: bool) -> bool:
+    """Whether the process that is old rank `old_rank` and new rank `new_rank` (None: none) allocates its
+    new tensors before the pause. Every process that gets new state does, but with `release_early` memory
+    comes first: a process holding old state makes its new tensors only as old ones go, while a joiner
+    (no old state: its new tensors are all it will hold, whenever they are made) still allocates ahead.
+    The rule of both engines (plan_targets here, migrate.executor.prepare_targets for the reference GPT)."""
+    return new_rank is not None and not (release_early and old_rank is not None)
+
+
 def plan_targets(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
                  old_manifest: Manifest | None, new_manifest: Manifest | None,
                  release_early: bool = False) -> tuple[ShardEntry, ...]:
     """The new pieces to allocate ahead (`allocate_targets`, before the pause) on the process that is
-    old rank `old_rank` and new rank `new_rank`: every piece of its new manifest but the kept ones.
-    With `release_early` memory comes first: a process holding old state allocates nothing ahead (its
-    new tensors are made only as old ones go); a joiner (no old state: its new tensors are all it will
-    hold, whenever they are made) still does."""
-    if new_rank is None or new_manifest is None or release_early and old_rank is not None:
+    old rank `old_rank` and new rank `new_rank`: every piece of its new manifest but the kept ones, or
+    none where it does not allocate ahead (`allocates_ahead`)."""
+    if new_manifest is None or not allocates_ahead(old_rank, new_rank, release_early):
         return ()
     kept = kept_pieces(transfers, old_rank, new_rank, old_manifest, new_manifest)
     return tuple(e for e in new_manifest.entries if e.fqn not in kept)

@@ -51,8 +51,9 @@ def step(proc: int, a: tuple[int, list[int]], b: tuple[int, list[int]], state: d
     n = procs_b.index(proc) if proc in procs_b else None
     om, nm = (old_ms[o] if o is not None else None), (new_ms[n] if n is not None else None)
     trs = plan_transfers(old_ms, new_ms, same)
-    targets = allocate_targets(plan_targets(trs, o, n, om, nm, kw.get("release_early", False))) if ahead else {}
-    need = plan_staging(trs, o, n, om, nm, kw.get("release_early", False), kw.get("window_bytes")) if staged else None
+    early = kw.get("release_early", False)
+    targets = allocate_targets(plan_targets(trs, o, n, om, nm, early)) if ahead else {}
+    need = plan_staging(trs, o, n, om, nm, early, kw.get("window_bytes")) if staged else None
     new = execute(trs, o, n, state, om, nm, procs_a, procs_b, targets=targets or None,
                   staging=allocate_staging(need) if need else None, **kw)
     new.staging_planned = sum(need) if need else 0
