@@ -29,7 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher import timeline
-from migrate.bench import PAPER_SCENARIOS, BenchConfig
+from migrate.bench import BenchConfig
+from migrate.scenarios import PAPER_SCENARIOS
 
 Progress = Callable[[str], None]
 

@@ -1,7 +1,7 @@
 """`elastic bench`'s scenarios, model sizing and the loopback ceiling it measures migrations against.
 
-The scenarios themselves run through the real launcher (launcher.bench); this module holds what
-does not need the launcher: the paper's six reconfigurations, a model size that fits this
+The scenarios themselves (migrate.scenarios) run through the real launcher (launcher.bench); this
+module holds what does not need the launcher: a model size that fits this
 machine's memory for all of them, and the aggregate throughput N processes reach when every one
 of them sends and receives at once over gloo on loopback (the most a migration among N devices
 can move per second here).
@@ -16,16 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from migrate.layout import ModelSpec, ParallelConfig
+from migrate.scenarios import PAPER_SCENARIOS
 from migrate.train import TrainConfig
-
-PAPER_SCENARIOS = {
-    "pp8tp1-pp16tp1": ("pp8tp1", "pp16tp1"),
-    "pp4tp2-pp4tp4": ("pp4tp2", "pp4tp4"),
-    "pp4tp4-pp4tp2": ("pp4tp4", "pp4tp2"),
-    "pp4tp2-pp6tp4": ("pp4tp2", "pp6tp4"),
-    "pp6tp4-pp4tp2": ("pp6tp4", "pp4tp2"),
-    "pp4tp2dp3-pp4tp8dp1": ("pp4tp2dp3", "pp4tp8dp1"),
-}
 
 #: private memory of one idle worker process after importing torch and warming up (measured: ~240 MB)
 WORKER_BASE_BYTES = 300 << 20

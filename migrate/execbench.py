@@ -24,9 +24,10 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from migrate.bench import PAPER_SCENARIOS, BenchConfig, loopback_ceiling, run_forked
+from migrate.bench import BenchConfig, loopback_ceiling, run_forked
 from migrate.layout import ParallelConfig
 from migrate.plan import plan
+from migrate.scenarios import PAPER_SCENARIOS
 from migrate.state import LocalState, held_tensors, local_shape, rank_workload, shard_range
 from migrate.topology import Topology
 

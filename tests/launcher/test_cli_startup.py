@@ -20,6 +20,15 @@ def test_start_up_does_not_import_torch(code):
     assert out.stdout.strip() == "[]"
 
 
+def test_bench_checks_a_scenario_name_without_importing_torch():
+    """The check a mistyped --scenario goes through: migrate.scenarios, not migrate.bench (torch)."""
+    code = "from launcher.cli import build_parser; build_parser().parse_args(['bench', '--scenario', 'pp4tp2-pp4tp4'])"
+    out = subprocess.run([sys.executable, "-c", f"import sys; {code}; print('torch' in sys.modules)"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
 def test_bench_rejects_an_unknown_scenario_by_name():
     out = subprocess.run([sys.executable, "-m", "launcher.cli", "bench", "--scenario", "pp1-pp2"],
                          capture_output=True, text=True)

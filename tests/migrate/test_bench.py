@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.cli import main as elastic
-from migrate.bench import PAPER_SCENARIOS, BenchConfig, estimated_peak_bytes, fit_hidden, loopback_ceiling
+from migrate.bench import BenchConfig, estimated_peak_bytes, fit_hidden, loopback_ceiling
+from migrate.scenarios import PAPER_SCENARIOS
 from migrate.layout import ParallelConfig
 
 
