@@ -1,10 +1,9 @@
-"""`elastic bench`'s scenarios, model sizing and the loopback ceiling it measures migrations against.
+"""`elastic bench`'s model sizing and the loopback ceiling it measures migrations against.
 
-The scenarios themselves (migrate.scenarios) run through the real launcher (launcher.bench); this
-module holds what does not need the launcher: a model size that fits this
-machine's memory for all of them, and the aggregate throughput N processes reach when every one
-of them sends and receives at once over gloo on loopback (the most a migration among N devices
-can move per second here).
+The scenarios (migrate.scenarios) run through the real launcher (launcher.bench); this module holds
+what does not need the launcher: a model size that fits this machine's memory for all of them, and
+the aggregate throughput N processes reach when every one of them sends and receives at once over
+gloo on loopback (the most a migration among N devices can move per second here).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The paper's six reconfigurations, old layout -> new layout, by the name `elastic bench --scenario`
 takes. Apart from migrate.bench (which imports torch) so that `elastic bench --help` and a mistyped
-`--scenario` answer at once instead of after a torch import."""
+`--scenario` answer without a torch import."""
 from __future__ import annotations
 
 PAPER_SCENARIOS: dict[str, tuple[str, str]] = {

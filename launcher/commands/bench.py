@@ -13,9 +13,8 @@ from launcher.errors import UsageError
 
 class _ScenarioNames:
     """The paper's scenario names as argparse `choices`, looked up only when a `--scenario` is given or the
-    help is printed: importing the migrate package costs numpy and scipy (~1 s), which every other
-    `elastic` command would pay while `elastic`'s parser is built. (They live in migrate.scenarios, apart
-    from torch: a mistyped name is refused in ~1 s, not after a torch import.)"""
+    help is printed: the migrate package imports numpy and scipy (~1 s), which every other `elastic` command
+    would pay while `elastic`'s parser is built. migrate.scenarios needs no torch."""
 
     def __contains__(self, name: object) -> bool:
         return name in self._names()
