@@ -39,8 +39,9 @@ def _launch(tmp_path: Path, script: str, args: list[str], launch: list[str], log
     """Run `script` (a path under the repository) under elastic-launch (harness.run_local) to its end, its step
     log passed as `log_flag`; returns that log's rows (mixer_rows for the examples, read_losses otherwise)."""
     log = tmp_path / "steps.log"
-    run_local(tmp_path, ["--job-name", "ck", "--checkpoint-dir", str(tmp_path / "ck"), *launch],
-              [str(ROOT / script), log_flag, str(log), *args], lambda alive: None, env)
+    out = run_local(tmp_path, ["--job-name", "ck", "--checkpoint-dir", str(tmp_path / "ck"), *launch],
+                    [str(ROOT / script), log_flag, str(log), *args], lambda alive: None, env)
+    (tmp_path / "launch.out").write_text(out)  # elastic-launch's own output, for a failure's message
     return mixer_rows(log) if script.startswith("examples/") else read_losses(log)
 
 
@@ -174,7 +175,10 @@ def test_recovery_from_replicas_while_a_background_write_is_in_flight(tmp_path: 
     assert [r[0] for r in rows] == list(range(1, steps + 1)), rows  # every step once
     assert [r[1] for r in rows] == ["pp1tp2dp2"] * 4 + ["pp1tp2dp1"] * (steps - 4), rows
     store = Store(f"sqlite:///{tmp_path}/e.db")
-    (m,) = store.recent_migrations(store.find_job("ck").id, limit=10)
+    recorded = store.recent_migrations(store.find_job("ck").id, limit=10)
+    assert len(recorded) == 1, ([(r.trigger, r.status, r.at_step, r.error) for r in recorded],
+                                (tmp_path / "launch.out").read_text())
+    (m,) = recorded
     assert (m.trigger, m.status, m.at_step) == ("failure", "succeeded", 4), (m.trigger, m.status, m.at_step, m.error)
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-8", "step-9"]
     for s in (8, 9):
