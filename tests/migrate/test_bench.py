@@ -6,8 +6,8 @@ import pytest
 
 from launcher.cli import main as elastic
 from migrate.bench import BenchConfig, estimated_peak_bytes, fit_hidden, loopback_ceiling
-from migrate.scenarios import PAPER_SCENARIOS
 from migrate.layout import ParallelConfig
+from migrate.scenarios import PAPER_SCENARIOS
 
 
 def _closed_form_peak(hidden: int, workers: int, dp_old: int, dp_new: int) -> int:
