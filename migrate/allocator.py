@@ -29,8 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, linear_sum_assignment, milp
-from scipy.sparse import coo_matrix
 
 from migrate.layout import LayoutError, ParallelConfig
 from migrate.pairing import assign_kinds
@@ -180,6 +178,8 @@ class Allocator:
             if not rows:
                 memo = (0, np.zeros(0, dtype=np.int64))
             else:
+                from scipy.optimize import linear_sum_assignment  # here, not at import (migrate.pairing says why)
+
                 sub = self.w[np.ix_(rows, list(sig))]
                 ri, ci = linear_sum_assignment(sub, maximize=True)
                 perm = np.empty(len(rows), dtype=np.int64)
@@ -397,6 +397,9 @@ class _Solver:
 
     def _milp(self, k: int) -> tuple[list[dict[int, int]] | None, int]:
         """Groups per domain on at most k nodes, and HiGHS's status (0 optimal, 2 infeasible, 1 out of time)."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+
         w, units, doms, size = self.a.w, self.units, self.domains, self.size
         xs = self._x_vars()
         g0 = len(xs)

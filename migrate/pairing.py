@@ -13,7 +13,10 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment, linprog
+
+# scipy is imported where a problem is solved, not here: the training workers import this package
+# (migrate.train, migrate.reshard) but never solve one, and scipy.optimize costs each of them ~0.5 s of
+# CPU at start-up (tests/launcher/test_cli_startup.py checks they do not load it)
 
 # Above this many expanded rows the Hungarian algorithm is replaced by a transportation LP.
 HUNGARIAN_LIMIT = 2048
@@ -21,6 +24,8 @@ HUNGARIAN_LIMIT = 2048
 
 def solve_cost_matrix(cost: np.ndarray) -> list[tuple[int, int]]:
     """Paper Algorithm 1: pad C (M x N) to square with zeros, solve, drop pairs that touch padding."""
+    from scipy.optimize import linear_sum_assignment
+
     m, n = cost.shape
     k = max(m, n)
     padded = np.zeros((k, k), dtype=cost.dtype)
@@ -47,6 +52,8 @@ def assign_kinds(cost: np.ndarray, row_mult: Sequence[int], col_mult: Sequence[i
     if len(rows) == 0:
         return out
     if len(rows) <= HUNGARIAN_LIMIT:
+        from scipy.optimize import linear_sum_assignment
+
         ri, ci = linear_sum_assignment(cost[np.ix_(rows, cols)])
         for i, j in zip(ri, ci):
             key = (int(rows[i]), int(cols[j]))
@@ -57,6 +64,8 @@ def assign_kinds(cost: np.ndarray, row_mult: Sequence[int], col_mult: Sequence[i
 
 def _transport(cost: np.ndarray, row_mult: np.ndarray, col_mult: np.ndarray) -> dict[tuple[int, int], int]:
     """The same problem as a transportation LP; HiGHS returns a vertex, which is integral."""
+    from scipy.optimize import linprog
+
     r, c = cost.shape
     a_eq = np.zeros((r, r * c))
     a_ub = np.zeros((c, r * c))
