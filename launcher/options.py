@@ -17,6 +17,10 @@ from launcher.survival import DEFAULT_CHECKPOINT_EVERY, auto_checkpoint_every
 SIGNAL_ACTIONS = ("shrink", "suspend", "ignore")
 # migrate.allocator.PLACEMENTS, resilient first (the default); spelled out so --help does not import the planner
 PLACEMENTS = ("resilient", "packed")
+#: limits that keep a mistyped count from stalling the up-front checks (every node count's layout is
+#: worked out before anything starts); no Slurm job or node comes near them
+MAX_NODES = 16384
+MAX_GPUS_PER_NODE = 1024
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:
@@ -28,6 +32,8 @@ def parse_nnodes(text: str) -> tuple[int, int]:
         raise UsageError(f"--nnodes {text!r}: write N or MIN:MAX, e.g. 2:4") from None
     if lo_n < 1 or hi_n < lo_n:
         raise UsageError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
+    if hi_n > MAX_NODES:
+        raise UsageError(f"--nnodes {text!r}: at most {MAX_NODES} nodes")
     return lo_n, hi_n
 
 
@@ -198,6 +204,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
     gpn = max(node_gpus) if node_gpus else int(args.gpus_per_node or os.environ.get("SLURM_GPUS_ON_NODE", "1") or 1)
     if gpn < 1:
         raise UsageError(f"--gpus-per-node must be at least 1, got {gpn}")
+    if gpn > MAX_GPUS_PER_NODE:
+        raise UsageError(f"--gpus-per-node {args.gpus_per_node}: at most {MAX_GPUS_PER_NODE} GPUs per node")
     from launcher.torchrun_exec import missing_program
 
     missing = missing_program(command)

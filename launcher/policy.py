@@ -57,7 +57,8 @@ def why_invalid(cfg: ParallelConfig, devices: int, gpus_per_node: int | Sequence
 
 
 def candidates(devices: int, gpus_per_node: int | Sequence[int], model: ModelSpec | None) -> list[ParallelConfig]:
-    """Every valid layout on at most `devices` devices, most devices first, then less PP, more TP."""
+    """Every valid layout on at most `devices` devices, most devices first, then less PP, more TP
+    (the preference order; choose_layout takes the first without listing them all)."""
     largest = gpus_per_node if isinstance(gpus_per_node, int) else max(gpus_per_node, default=0)
     out = []
     for pp in range(1, devices + 1):
@@ -67,6 +68,22 @@ def candidates(devices: int, gpus_per_node: int | Sequence[int], model: ModelSpe
                 if why_invalid(cfg, devices, gpus_per_node, model) is None:
                     out.append(cfg)
     return sorted(out, key=lambda c: (-c.world_size, c.pp, -c.tp))
+
+
+def _first_candidate(devices: int, gpus_per_node: int | Sequence[int], model: ModelSpec | None
+                     ) -> ParallelConfig | None:
+    """candidates(...)[0], found by walking the preference order and stopping at the first valid layout:
+    listing them all grows with devices^2 (an `elastic-launch --nnodes 1:4096 --gpus-per-node 8` did not
+    finish its up-front check of every node count in minutes); this usually stops at the first world size."""
+    largest = gpus_per_node if isinstance(gpus_per_node, int) else max(gpus_per_node, default=0)
+    for world in range(devices, 0, -1):
+        for pp in (p for p in range(1, world + 1) if world % p == 0):
+            rest = world // pp
+            for tp in (t for t in range(min(largest, rest), 0, -1) if rest % t == 0):
+                cfg = ParallelConfig(pp=pp, tp=tp, dp=rest // tp)
+                if why_invalid(cfg, devices, gpus_per_node, model) is None:
+                    return cfg
+    return None
 
 
 def _nodes_text(gpus_per_node: int | Sequence[int]) -> str:
@@ -87,11 +104,11 @@ def choose_layout(devices: int, gpus_per_node: int | Sequence[int], layouts: Seq
             spanning = "" if isinstance(gpus_per_node, int) else " without a TP group spanning nodes"
             raise NoLayoutError(f"none of the layouts fits {devices} devices{spanning} ({reasons})")
         return max(valid, key=lambda c: (c.world_size, -list(layouts).index(c)))
-    found = candidates(devices, gpus_per_node, model)
-    if not found:
+    found = _first_candidate(devices, gpus_per_node, model)
+    if found is None:
         raise NoLayoutError(f"no PP x TP x DP layout fits {devices} devices with {_nodes_text(gpus_per_node)} "
                             "without a TP group spanning nodes")
-    return found[0]
+    return found
 
 
 def tp_fit(node_gpus: Sequence[int]) -> int:

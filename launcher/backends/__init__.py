@@ -24,6 +24,10 @@ __all__ = ["Acquired", "AcquireFailed", "CannotAcquire", "NodeBackend", "NodeHan
            "resolve_python", "shell_line"]
 
 
+#: simulated devices the local backend takes at most (each one a worker process on this machine)
+LOCAL_MAX_DEVICES = 512
+
+
 def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes: int, max_nodes: int,
                  local_nodes: int | None = None, log_dir: Path | None = None,
                  node_gpus: tuple[int, ...] = ()) -> tuple[NodeBackend, str | None]:
@@ -39,6 +43,11 @@ def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes
         n = local_nodes or len(node_gpus) or max_nodes
         if n < min_nodes:
             raise UsageError(f"--local-nodes {n} is below the --nnodes minimum {min_nodes}")
+        devices = sum(node_gpus) if node_gpus else n * gpus_per_node
+        if devices > LOCAL_MAX_DEVICES:
+            raise UsageError(f"the local backend runs one worker process per simulated device on this machine: "
+                             f"{n} nodes with {devices} devices in all is more than {LOCAL_MAX_DEVICES}; give fewer "
+                             "--local-nodes (or a lower --nnodes MAX) or --gpus-per-node")
         return LocalNodes(n, gpus_per_node, log_dir=log_dir, node_gpus=node_gpus), None
     if job_id is None:
         raise UsageError("--backend slurm needs a job: run inside an sbatch script or give --job-id")

@@ -97,6 +97,23 @@ def test_missing_command_is_a_usage_error(capsys):
     assert "after `--`" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,says", [
+    (["--local-nodes", "99999999"], "more than 512"),  # each simulated device is a process here
+    (["--nnodes", "1:4096", "--gpus-per-node", "8"], "more than 512"),
+    (["--nnodes", "1:99999999"], "at most 16384 nodes"),
+    (["--gpus-per-node", "99999999"], "at most 1024 GPUs per node"),
+    (["--gpus-per-node", "4,4,99999999"], "at most 1024 GPUs per node"),
+])
+def test_counts_too_large_are_refused_before_anything_starts(argv, says, capsys, tmp_path, monkeypatch):
+    """The command-line fuzz drew `--local-nodes 99999999`: elastic-launch built a name for every
+    simulated node and never answered. Too large a count is a one-line usage error instead."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["--backend", "local", "--dry-run", *argv, "--", "python", "-m", "launcher.worker"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_dry_run_slurm_prints_srun_and_scontrol_golden(fake_slurm, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rc = main(["--dry-run", "--backend", "slurm", "--job-id", "2", "--nnodes", "2:4", "--gpus-per-node", "4",

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.policy import NoLayoutError, check_node_range, choose_layout, why_invalid
+from launcher.policy import NoLayoutError, candidates, check_node_range, choose_layout, why_invalid
 from migrate.layout import ModelSpec, ParallelConfig
 
 P = ParallelConfig.parse
@@ -92,3 +92,26 @@ def test_free_choice_on_uneven_nodes_fits_inside_nodes(sizes, layers, heads):
     cfg = choose_layout(devices, sizes, (), model)
     assert sum(s // cfg.tp for s in sizes) >= cfg.pp * cfg.dp  # every TP group inside one node
     assert cfg.world_size == devices  # dp alone always fits
+
+
+@settings(max_examples=300, deadline=None)
+@given(devices=st.integers(1, 40), gpn=st.one_of(st.sampled_from([1, 2, 3, 4, 6, 8]),
+                                                 st.lists(st.sampled_from([1, 2, 3, 4, 8]), min_size=1, max_size=4)),
+       layers=st.sampled_from([1, 2, 3, 4, 6, 12]), heads=st.sampled_from([1, 2, 3, 4]), model=st.booleans())
+def test_free_choice_is_the_first_of_every_valid_layout_in_preference_order(devices, gpn, layers, heads, model):
+    """choose_layout stops at the first valid layout; the oracle lists them all (PP x TP x DP up to the
+    devices, each checked) and sorts them: most devices, then less PP, then more TP."""
+    spec = ModelSpec(layers=layers, hidden=64 * heads, heads=heads, vocab=1024) if model else None
+    gpus = gpn if isinstance(gpn, int) else tuple(gpn)
+    every = candidates(devices, gpus, spec)
+    if not every:
+        with pytest.raises(NoLayoutError):
+            choose_layout(devices, gpus, (), spec)
+        return
+    assert choose_layout(devices, gpus, (), spec) == every[0]
+
+
+def test_every_node_count_of_a_large_job_is_checked():
+    # 1..4096 nodes of 8 GPUs: listing every layout of every node count did not finish in minutes
+    check_node_range(1, 4096, 8, [], MODEL)
+    assert choose_layout(4096 * 8, 8, (), MODEL) == P("pp1tp8dp4096")
