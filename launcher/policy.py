@@ -56,25 +56,12 @@ def why_invalid(cfg: ParallelConfig, devices: int, gpus_per_node: int | Sequence
     return None
 
 
-def candidates(devices: int, gpus_per_node: int | Sequence[int], model: ModelSpec | None) -> list[ParallelConfig]:
-    """Every valid layout on at most `devices` devices, most devices first, then less PP, more TP
-    (the preference order; choose_layout takes the first without listing them all)."""
-    largest = gpus_per_node if isinstance(gpus_per_node, int) else max(gpus_per_node, default=0)
-    out = []
-    for pp in range(1, devices + 1):
-        for tp in range(1, largest + 1):
-            for dp in range(1, devices // (pp * tp) + 1):
-                cfg = ParallelConfig(pp=pp, tp=tp, dp=dp)
-                if why_invalid(cfg, devices, gpus_per_node, model) is None:
-                    out.append(cfg)
-    return sorted(out, key=lambda c: (-c.world_size, c.pp, -c.tp))
-
-
 def _first_candidate(devices: int, gpus_per_node: int | Sequence[int], model: ModelSpec | None
                      ) -> ParallelConfig | None:
-    """candidates(...)[0], found by walking the preference order and stopping at the first valid layout:
-    listing them all grows with devices^2 (an `elastic-launch --nnodes 1:4096 --gpus-per-node 8` did not
-    finish its up-front check of every node count in minutes); this usually stops at the first world size."""
+    """The preferred valid layout on at most `devices` devices -- most devices, then less PP, then more
+    TP -- found by walking that order and stopping at the first valid one. Listing every PP x TP x DP
+    grid and sorting grew with devices^2 (the up-front check of every node count of `elastic-launch
+    --nnodes 1:4096 --gpus-per-node 8` did not finish in 60 s); this usually stops at the first world size."""
     largest = gpus_per_node if isinstance(gpus_per_node, int) else max(gpus_per_node, default=0)
     for world in range(devices, 0, -1):
         for pp in (p for p in range(1, world + 1) if world % p == 0):
