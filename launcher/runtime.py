@@ -75,6 +75,7 @@ from collections.abc import Callable, Mapping
 
 from launcher import control as C
 from launcher import runtime_ckpt, runtime_faults
+from launcher.runtime_gc import CollectorHold
 from launcher.runtime_layout import Layout, device_mesh, keep_stage_blocks, parse_layout
 from launcher.runtime_pipeline import Pipeline
 from launcher.sockets import cut_collective_sockets
@@ -110,6 +111,7 @@ class Job:
         self.broken = False  # a step failed because a peer did: wait for the launcher's recovery event
         self._committed = 0  # the last step whose optimizer update committed (launcher.runtime_faults)
         self._entered_at = 0  # the step this worker entered its current world at (_enter)
+        self._collector = CollectorHold()  # the garbage collector kept out of a migration's pause
         self._snap: dict = {}  # the registered objects' state at the last step boundary
         self._kept: dict | None = None  # state held while no model is built (a migration that did not commit)
         self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
@@ -185,8 +187,10 @@ class Job:
         """Between two steps: the heartbeat, the registered objects' state (to take back if the next step
         fails), and a safety checkpoint when one is due (written in the background: runtime_ckpt.Safety)."""
         self.ctl.set_step(self.device, self.step)
-        if self.ctl.retired and self.step > self._entered_at:  # a step committed in this world: tear the old one down
-            self.ctl.drop_retired()
+        if self.step > self._entered_at:  # a step committed in this world: the pause is over
+            self._collector.release()
+            if self.ctl.retired:  # tear the old world down
+                self.ctl.drop_retired()
         self._snap = self._extras_state()
         self.safety.poll()
         if self.ckpt_every and self.step and self.step % self.ckpt_every == 0 and self._saved != self.step:
@@ -480,6 +484,7 @@ class Job:
         self.ctl.mark("boundary")
         if self.device not in ev["prev"]["devices"]:  # a joiner plans and allocates ahead, before it waits
             self._prepare(ev)  # for the old layout's last step: no phase of the pause counts it
+        self._collector.hold()  # until the new layout's first step committed (launcher.runtime_gc)
         t0 = time.perf_counter()
         healthy = self.model is not None and not self.broken and not ev.get("urgent")
         alive, old_rank, new_rank, old_ms, new_ms, same, transfers = self._plan_reshard(ev)

@@ -8,6 +8,7 @@ every layout computes the one-process run."""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -27,6 +28,7 @@ def main() -> None:
     p.add_argument("--loss-file", required=True)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--sleep-while", default=None, help="sleep after a step only while this file exists")
+    p.add_argument("--gc-file", default=None, help="every rank appends `pid migrations step frozen-objects` per step")
     args = p.parse_args()
     torch.set_num_threads(1)
     tc = TrainConfig()
@@ -34,6 +36,9 @@ def main() -> None:
                        optimizer=lambda params: torch.optim.Adam(params, lr=tc.lr, foreach=False),
                        manifest=lambda lay: stage_manifest(MODEL, ParallelConfig.parse(lay.name), lay.rank))
     while job.next_step(until=args.steps):
+        if args.gc_file:  # what the garbage collector may walk during this step (launcher.runtime_gc)
+            with open(args.gc_file, "a") as f:
+                f.write(f"{os.getpid()} {job.migrations} {job.step} {gc.get_freeze_count()}\n")
         with job.guard():
             loss = train_step(job, MODEL, tc)  # the reference trainer's step (PP schedule, TP, DP sum)
             lay = job.layout

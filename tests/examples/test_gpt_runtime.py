@@ -32,10 +32,11 @@ STEPS = 30
 @pytest.mark.parametrize("big, small, early", [("pp1tp2dp2", "pp1tp2dp1", False), ("pp2tp1dp2", "pp1tp2dp1", True)])
 def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tmp_path: Path, big: str,
                                                                               small: str, early: bool) -> None:
-    loss_file, pace = tmp_path / "loss.txt", tmp_path / "pace"
+    loss_file, pace, gc_file = tmp_path / "loss.txt", tmp_path / "pace", tmp_path / "gc.txt"
     pace.touch()  # steps sleep until both resizes have an outcome, then run at full speed (no padding)
     cmd = ["python", str(ROOT / "tests" / "examples" / "gpt_script.py"), "--steps", str(STEPS), "--loss-file",
-           str(loss_file), "--step-sleep", "0.3", "--sleep-while", str(pace)]
+           str(loss_file), "--step-sleep", "0.3", "--sleep-while", str(pace),
+           "--gc-file", str(gc_file)]
     opts = Options(1, 2, 2, [ParallelConfig.parse(x) for x in (big, small)], cmd, job_name="gpt", poll=0.05,
                    ready_timeout=120, migrate_timeout=120, release_early=early)
     store = Store(f"sqlite:///{tmp_path}/e.db")
@@ -83,5 +84,22 @@ def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tm
     tl = read_timeline(la.ctl, grow, kept_on, la.current.devices)  # what elastic bench --explain prints
     assert tl is not None and set(tl.rows) == {0, 1, 2, 3}, tl
     assert sum(tl.critical_path().values()) == pytest.approx(tl.pause_s)
+    check_collector_held_for_the_first_step_only(gc_file)
     timeline = store.steps(job.id)  # job.report_loss: the latest step at each poll of the launcher
     assert timeline and {(r.step, r.loss, r.layout) for r in timeline} <= set(rows), (timeline, rows)
+
+
+def check_collector_held_for_the_first_step_only(gc_file: Path) -> None:
+    """launcher.runtime_gc: during a worker's first step after a migration (the pause ends with its commit) the
+    objects alive before the pause are out of the garbage collector's reach; from the next step on, and in any
+    step not right after a migration, nothing is (no object stays uncollectable)."""
+    steps: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for line in gc_file.read_text().splitlines():
+        pid, migrations, step, frozen = line.split()
+        steps.setdefault((pid, int(migrations)), []).append((int(step), int(frozen)))
+    assert any(m > 0 for _p, m in steps), steps  # workers that took part in a migration wrote
+    for (pid, migrations), rows in steps.items():
+        rows.sort()
+        first, rest = rows[0], rows[1:]
+        assert (first[1] > 0) == (migrations > 0), (pid, migrations, rows)
+        assert all(frozen == 0 for _s, frozen in rest), (pid, migrations, rows)
