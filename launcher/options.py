@@ -205,7 +205,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
     if gpn < 1:
         raise UsageError(f"--gpus-per-node must be at least 1, got {gpn}")
     if gpn > MAX_GPUS_PER_NODE:
-        raise UsageError(f"--gpus-per-node {args.gpus_per_node}: at most {MAX_GPUS_PER_NODE} GPUs per node")
+        given = "" if node_gpus or args.gpus_per_node else " (from $SLURM_GPUS_ON_NODE)"
+        raise UsageError(f"--gpus-per-node {gpn}{given}: at most {MAX_GPUS_PER_NODE} GPUs per node")
     from launcher.torchrun_exec import missing_program
 
     missing = missing_program(command)
