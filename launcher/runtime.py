@@ -138,6 +138,8 @@ class Job:
             if ev is not None and live and self._at is None and not ev.get("urgent"):
                 self.ctl.mark("event seen")
                 self._at = self.ctl.agree_at(self.epoch, self.step)
+                self.log(f"event {self.epoch} ({ev.get('kind')}) seen after step {self.step}: applies after step "
+                         f"{self._at}")
                 self._prepare(ev)  # while the old layout still trains, outside the pause
             if ev is not None and (not live or self._at is None or self.step >= self._at):
                 self._at = None
