@@ -231,6 +231,14 @@ class Control:
         key = f"ev/{epoch}/at"
         return int(self.store.get(key).decode()) if self.has(key) else None
 
+    def where_workers_are(self, epoch: int, devices: list[int]) -> str:
+        """Where event `epoch` found the workers, for a migration that timed out: the step boundary they
+        agreed on and each worker's finished steps (its heartbeat). A worker past the boundary kept
+        training while the others migrated; one short of it is stuck in a step."""
+        at, steps = self.at(epoch), self.steps(devices)
+        return (f"agreed boundary: {'after step ' + str(at) if at is not None else 'none yet'}; finished steps: "
+                + ", ".join(f"device {d} {steps.get(d, '-')}" for d in devices))
+
     def set_result(self, epoch: int, device: int, result: dict) -> None:
         """Report this participant's result of event `epoch`, with the marks of what it did so far
         (`marks`, wall times; cleared once sent, the vote and commit of the last step are kept)."""

@@ -225,17 +225,8 @@ class Launcher:
             if late:
                 silent = sorted(set(participants) - set(res))
                 raise MigrationFailed(f"no result from devices {silent} within {self.opts.migrate_timeout:.0f} s "
-                                      f"({self.where_workers_are(e, participants)})")
+                                      f"({self.ctl.where_workers_are(e, participants)})")
             time.sleep(0.05)
-
-    def where_workers_are(self, e: int, devices: list[int]) -> str:
-        """Where event `e` found the workers, for a migration that timed out: the step boundary they
-        agreed on and each worker's finished steps (its heartbeat). A worker past the boundary kept
-        training while the others migrated; one short of it is stuck in a step."""
-        at = self.ctl.at(e)
-        steps = self.ctl.steps(devices)
-        return (f"agreed boundary: {'after step ' + str(at) if at is not None else 'none yet'}; finished steps: "
-                + ", ".join(f"device {d} {steps[d] if d in steps else '-'}" for d in devices))
 
     def _results_after_commit(self, e: int, participants: list[int], dead: dict[int, int],
                               deadline: float) -> dict[int, dict]:

@@ -10,8 +10,8 @@ world's forming and the rebuild, the critical path's "built" 0.82 s against 0.25
 At the start of a pause every object then alive is moved out of the collector's reach (gc.freeze: no
 copy, no walk), so a collection inside the pause looks only at what the pause itself creates; once the
 new layout committed its first step they are handed back (gc.unfreeze) and collected as before,
-outside the pause. Nothing stays frozen once training goes on, so no cycle is kept alive for good. A script that disabled the
-collector or froze objects itself manages it: then nothing is done here."""
+outside the pause. Nothing stays frozen once training goes on, so no cycle is kept alive for good. A
+script that disabled the collector or froze objects itself manages it: then nothing is done here."""
 from __future__ import annotations
 
 import gc

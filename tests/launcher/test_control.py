@@ -74,17 +74,12 @@ def test_a_timed_out_migration_says_where_every_worker_stood() -> None:
     """`elastic-launch`'s message for a migration without results: the boundary the workers agreed on
     and each one's finished steps, so a worker that trained past the boundary (or one stuck before it)
     shows in the log."""
-    from types import SimpleNamespace
-
-    from launcher.loop import Launcher
-
     server = Control("127.0.0.1", 0, server=True)  # one connection: its writes land in order
-    la = SimpleNamespace(ctl=server)
-    assert Launcher.where_workers_are(la, 1, [0, 1]) == \
+    assert server.where_workers_are(1, [0, 1]) == \
         "agreed boundary: none yet; finished steps: device 0 -, device 1 -"
     for device, step in ((0, 5), (1, 6), (2, 5)):
         server.set_step(device, step)
     assert server.agree_at(1, 3) == 5  # the first proposal: 3 finished steps + 2
     assert server.agree_at(1, 4) == 5  # a later one gets the agreed boundary
-    assert Launcher.where_workers_are(la, 1, [0, 1, 2, 3]) == \
+    assert server.where_workers_are(1, [0, 1, 2, 3]) == \
         "agreed boundary: after step 5; finished steps: device 0 5, device 1 6, device 2 5, device 3 -"
