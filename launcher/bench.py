@@ -155,8 +155,9 @@ def _launcher(cfg: BenchConfig, nodes: int, workdir: Path, job: str, resume: boo
                    ready_timeout=600, migrate_timeout=600, model=model, checkpoint_dir=workdir / "ckpt",
                    resume=resume, release_early=cfg.release_early)
     store = Store(f"sqlite:///{workdir / 'bench.db'}")
+    # every worker a new interpreter, as srun starts them: the restart pays what it pays on a cluster
     backend = LocalNodes(max(prev.world_size, curr.world_size) // cfg.gpus_per_node, cfg.gpus_per_node,
-                         log_dir=workdir / "logs" / job)
+                         log_dir=workdir / "logs" / job, fork_server=False)
     return Launcher(opts, backend, store, log=lambda m: progress(f"  launcher: {m}"))
 
 

@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         backend, slurm_job_id = make_backend(args.backend, job_id=args.job_id, gpus_per_node=opts.gpus_per_node,
                                              min_nodes=opts.min_nodes, max_nodes=opts.max_nodes,
                                              local_nodes=args.local_nodes, log_dir=args.log_dir,
+                                             fork_server=not args.fresh_processes,
                                              node_gpus=opts.node_gpus)
         check_allocation(opts, backend)
         if args.master_addr is None:

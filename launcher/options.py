@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Slurm job to run in (default $SLURM_JOB_ID)")
     p.add_argument("--local-nodes", type=int, default=None, metavar="N",
                    help="local backend: simulated nodes (default MAX of --nnodes)")
+    p.add_argument("--fresh-processes", action="store_true",
+                   help="local backend: start every worker as a new interpreter, as srun does (default: fork it "
+                        "from one process that has imported torch already, when python would run it the same way)")
     p.add_argument("--job-name", default=None, help="name recorded in the database (default $SLURM_JOB_NAME or 'elastic')")
     p.add_argument("--master-addr", default=None,
                    help="address workers use to reach the control plane (default: this host's name; 127.0.0.1 "

@@ -30,7 +30,7 @@ LOCAL_MAX_DEVICES = 512
 
 def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes: int, max_nodes: int,
                  local_nodes: int | None = None, log_dir: Path | None = None,
-                 node_gpus: tuple[int, ...] = ()) -> tuple[NodeBackend, str | None]:
+                 node_gpus: tuple[int, ...] = (), fork_server: bool = True) -> tuple[NodeBackend, str | None]:
     """(backend, Slurm job id or None) for `--backend kind` ("auto": slurm inside a Slurm job, else local).
     Bad choices are UsageErrors, raised before anything starts."""
     if job_id is None and os.environ.get("SLURM_JOB_ID", "").isdigit():
@@ -48,7 +48,7 @@ def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes
             raise UsageError(f"the local backend runs one worker process per simulated device on this machine: "
                              f"{n} nodes with {devices} devices in all is more than {LOCAL_MAX_DEVICES}; give fewer "
                              "--local-nodes (or a lower --nnodes MAX) or --gpus-per-node")
-        return LocalNodes(n, gpus_per_node, log_dir=log_dir, node_gpus=node_gpus), None
+        return LocalNodes(n, gpus_per_node, log_dir=log_dir, node_gpus=node_gpus, fork_server=fork_server), None
     if job_id is None:
         raise UsageError("--backend slurm needs a job: run inside an sbatch script or give --job-id")
     from launcher.backends import slurm_client

@@ -1,16 +1,20 @@
 """The local node backend: every worker a process on this machine, one per device of N simulated nodes.
 
 The embedded default for machines without Slurm, for `elastic demo` and for the tests. On a
-machine without GPUs each "GPU" is one such process training on gloo (CPU).
+machine without GPUs each "GPU" is one such process training on gloo (CPU). Workers are forked from
+a process that has imported torch already (launcher.backends.forkserver) where `python` would run
+them the same way; fork_server=False starts each one as a new interpreter, as srun does on a cluster.
 """
 from __future__ import annotations
 
+import os
 import signal as signal_module
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from launcher import control as C
+from launcher.backends import forkserver
 from launcher.backends.base import Acquired, CannotAcquire, NodeHandle, Reporter, resolve_python, stop_handle
 
 
@@ -21,7 +25,7 @@ class LocalNodes:
     released_nodes_return = True  # a released simulated node can be started again
 
     def __init__(self, nodes: int, gpus_per_node: int, log_dir: Path | None = None,
-                 node_gpus: Sequence[int] = ()) -> None:
+                 node_gpus: Sequence[int] = (), fork_server: bool = True) -> None:
         if node_gpus and len(node_gpus) != nodes:
             raise ValueError(f"{nodes} simulated nodes but {len(node_gpus)} GPU counts")
         self.names = [f"node{i}" for i in range(nodes)]
@@ -31,6 +35,7 @@ class LocalNodes:
         self.log_dir = log_dir
         self.released: list[list[str]] = []
         self.out: set[str] = set()  # released and not started since
+        self.fork_server = fork_server
 
     def gpus_on(self, node: str) -> int:
         return self.sizes[self.names.index(node)]
@@ -73,15 +78,23 @@ class LocalNodes:
         return []  # nothing to tell anybody: the processes are gone
 
     def start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> NodeHandle:
-        """Run exactly the command lines of commands_for_start, one process per device."""
+        """Run the command lines of commands_for_start, one process per device: forked from the fork
+        server where it runs them as `python` would, else exactly those command lines."""
         procs = {}
         self.out.discard(node)
+        server = forkserver.shared() if self.fork_server else None
         for env, cmd in zip(self.worker_env(node, index, base), self.commands_for_start(node, index, base, argv)):
             dev = int(env[C.ENV_DEVICE])
-            out = None
+            log = None
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
-                out = open(self.log_dir / f"worker-dev{dev}.log", "ab")
+                log = self.log_dir / f"worker-dev{dev}.log"
+            forked = server.spawn(resolve_python(argv), {**os.environ, **env}, None if log is None else str(log),
+                                  name=f"elastic-dev{dev}") if server is not None else None
+            if forked is not None:
+                procs[dev] = forked
+                continue
+            out = None if log is None else open(log, "ab")
             procs[dev] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
             if out is not None:
                 out.close()

@@ -146,16 +146,22 @@ def shrink_and_grow(tmp_path: Path, job: str, layouts: str, small: str, script: 
 
 
 def kill_worker(tmp_path: Path, device: int) -> None:
-    """SIGKILL the worker process of `device` of the job run by run_local in `tmp_path` (found in /proc: its
-    command line names tmp_path/steps.log, its environment ELASTIC_DEVICE=`device`): a real death."""
+    """SIGKILL the worker process of `device` of the job run by run_local in `tmp_path` (found in /proc: a
+    worker forked by the local backend's fork server is named elastic-dev<device> and works in tmp_path; one
+    started afresh has tmp_path/steps.log on its command line and ELASTIC_DEVICE=<device> in its
+    environment): a real death."""
     import os
     import signal
 
     log, mark = str(tmp_path / "steps.log").encode(), f"ELASTIC_DEVICE={device}".encode()
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and log in (proc / "cmdline").read_bytes() \
-                    and mark in (proc / "environ").read_bytes().split(b"\0"):
+            if not proc.name.isdigit():
+                continue
+            forked = (proc / "comm").read_text().strip() == f"elastic-dev{device}" and \
+                Path(os.readlink(proc / "cwd")) == tmp_path.resolve()
+            if forked or (log in (proc / "cmdline").read_bytes()
+                          and mark in (proc / "environ").read_bytes().split(b"\0")):
                 os.kill(int(proc.name), signal.SIGKILL)
                 return
         except OSError:  # ended meanwhile, or not ours to read
