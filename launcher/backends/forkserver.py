@@ -33,7 +33,8 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.functional", "torch.optim", "
 #: from the server's is started as a new process (the fork cannot apply it), but for those in APPLIED
 READ_AT_START = ("PYTHON", "TORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_", "MALLOC_", "CUDA",
                  "NVIDIA_", "PYTORCH_")
-APPLIED = ("PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")
+APPLIED = ("PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
+           "TORCHINDUCTOR_CACHE_DIR")  # torch sets this one in its own process when it first needs it
 SPAWN_WAIT_S = 600.0  # the first request waits for the imports (seconds of CPU, longer on a busy machine)
 
 
@@ -88,97 +89,112 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
-class ForkServer:
-    """The launcher's end: starts the server on first use, forks workers through it, reads their ends."""
+class _Connection:
+    """One running server: its requests pipe, and the thread that reads its answers and its children's ends."""
 
     def __init__(self) -> None:
-        self._proc: subprocess.Popen | None = None
-        self._req = -1
-        self._lock = threading.Lock()
-        self._next = 0
-        self._answers: dict[int, int] = {}
-        self._answered = threading.Condition()
-        self._children: dict[int, ForkedProcess] = {}
-        self._early: dict[int, int] = {}  # pid -> code of a child that ended before its answer was read
-        self._env: dict[str, str] = {}
-        self._gone = False
-
-    def _start(self) -> None:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        self._env = dict(os.environ)
-        self._proc = subprocess.Popen([sys.executable, "-m", "launcher.backends.forkserver", str(req_r), str(rep_w)],
-                                      pass_fds=(req_r, rep_w))
+        self.env = dict(os.environ)  # what the server's imports saw
+        self.proc = subprocess.Popen([sys.executable, "-m", "launcher.backends.forkserver", str(req_r), str(rep_w)],
+                                     pass_fds=(req_r, rep_w))
         os.close(req_r)
         os.close(rep_w)
-        self._req, self._gone = req_w, False
+        self.req: int | None = req_w
+        self.answers: dict[int, int] = {}
+        self.children: dict[int, ForkedProcess] = {}
+        self.early: dict[int, int] = {}  # pid -> code of a child that ended before its answer was read
+        self.gone = False
+        self.cond = threading.Condition()
         threading.Thread(target=self._read, args=(rep_r,), name="forkserver-reader", daemon=True).start()
 
     def _read(self, fd: int) -> None:
         with os.fdopen(fd, "rb") as rep:
             for line in rep:
                 msg = json.loads(line)
-                with self._answered:
+                with self.cond:
                     if "id" in msg:
-                        self._answers[msg["id"]] = msg["pid"]
-                        self._answered.notify_all()
+                        self.answers[msg["id"]] = msg["pid"]
+                        self.cond.notify_all()
+                    elif msg["pid"] in self.children:
+                        self.children.pop(msg["pid"])._end(msg["code"])
                     else:
-                        child = self._children.pop(msg["pid"], None)
-                        if child is None:
-                            self._early[msg["pid"]] = msg["code"]
-                        else:
-                            child._end(msg["code"])
-        with self._answered:  # the server is gone: nobody reports its children's ends any more
-            self._gone = True
-            self._answered.notify_all()
-            for pid, child in list(self._children.items()):
-                if not _alive(pid):
-                    self._children.pop(pid)
-                    child._end(1)
+                        self.early[msg["pid"]] = msg["code"]
+        with self.cond:  # the server is gone: nobody reports its children's ends any more
+            self.gone = True
+            self.cond.notify_all()
+            for pid in [p for p in self.children if not _alive(p)]:
+                self.children.pop(pid)._end(1)
+
+    def alive(self) -> bool:
+        return self.req is not None and self.proc.poll() is None
+
+    def spawn(self, rid: int, request: dict) -> ForkedProcess | None:
+        try:
+            os.write(self.req, json.dumps({"id": rid, **request}).encode() + b"\n")
+        except OSError:
+            return None
+        with self.cond:
+            if not self.cond.wait_for(lambda: rid in self.answers or self.gone, SPAWN_WAIT_S) or \
+                    rid not in self.answers:
+                return None
+            pid = self.answers.pop(rid)
+            child = ForkedProcess(pid, list(request["argv"]))
+            if pid in self.early:
+                child._end(self.early.pop(pid))
+            else:
+                self.children[pid] = child
+            return child
+
+    def retire(self) -> None:
+        """No more requests: the server ends once its running children have (their ends are still read)."""
+        if self.req is not None:
+            os.close(self.req)
+            self.req = None
+
+
+class ForkServer:
+    """The launcher's end: starts a server on first use, forks workers through it. A server imported
+    torch with the environment of its start: when what a new interpreter would read at start changed
+    since (e.g. a test's PYTHONHASHSEED), a new server is started for the new environment and the old one
+    retires once its children have ended."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        self._conn: _Connection | None = None
+        self._retired: list[_Connection] = []
 
     def spawn(self, argv: list[str], env: Mapping[str, str], log: str | None, name: str = "") -> ForkedProcess | None:
         """Fork `argv` (forkable) with `env`, output appended to `log` (None: the launcher's own
         stdout and stderr), named `name` in ps and top (its command line there is the server's); None
-        when it cannot be forked here (start it as a new process instead)."""
+        when it cannot be forked (start it as a new process instead)."""
         with self._lock:
-            running = self._proc is not None and self._proc.poll() is None
-            if not forkable(argv, env, self._env if running else os.environ):
+            if not forkable(argv, env, os.environ):
                 return None
-            if not running:
-                self._start()
+            conn = self._conn
+            if conn is None or not conn.alive() or not forkable(argv, env, conn.env):
+                if conn is not None:
+                    conn.retire()
+                    self._retired.append(conn)
+                conn = self._conn = _Connection()
             self._next += 1
-            rid = self._next
-            line = json.dumps({"id": rid, "argv": list(argv), "env": dict(env), "cwd": os.getcwd(), "log": log,
-                               "name": name, "server_env": {k: self._env.get(k) for k in APPLIED}})
-            try:
-                os.write(self._req, line.encode() + b"\n")
-            except OSError:
-                return None
-            with self._answered:
-                if not self._answered.wait_for(lambda: rid in self._answers or self._gone, SPAWN_WAIT_S):
-                    return None
-                if rid not in self._answers:
-                    return None
-                pid = self._answers.pop(rid)
-                child = ForkedProcess(pid, list(argv))
-                if pid in self._early:
-                    child._end(self._early.pop(pid))
-                else:
-                    self._children[pid] = child
-                return child
+            return conn.spawn(self._next, {"argv": list(argv), "env": dict(env), "cwd": os.getcwd(), "log": log,
+                                           "name": name, "server_env": {k: conn.env.get(k) for k in APPLIED}})
 
-    def close(self) -> None:
-        """Stop the server (its running children go on, as a new process's would)."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop taking requests; wait up to `timeout` s for the servers to end (each ends when its last
+        child has, or at once without children), then kill them (their running children go on)."""
         with self._lock:
-            if self._proc is None:
-                return
-            os.close(self._req)
+            conns = [c for c in [self._conn, *self._retired] if c is not None]
+            self._conn, self._retired = None, []
+        for conn in conns:
+            conn.retire()
             try:
-                self._proc.wait(timeout=10)
+                conn.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
+                conn.proc.kill()
+                conn.proc.wait()
 
 
 _SHARED: ForkServer | None = None
@@ -229,23 +245,25 @@ def _reap(fd: int, children: set[int]) -> None:
 
 
 def serve(req_fd: int, rep_fd: int) -> dict | None:
-    """Import PRELOAD, then fork a child per request until the launcher closes the pipe. Returns the
-    request in the child (which then becomes the worker), None in the server when it is done."""
+    """Import PRELOAD, then fork a child per request until the launcher closes the pipe, and report
+    every child's end until the last has ended. Returns the request in the child (which then becomes
+    the worker), None in the server when it is done."""
     import importlib
     import select
 
     for name in PRELOAD:
         importlib.import_module(name)
     children: set[int] = set()
-    buf = b""
-    while True:
+    buf, open_ = b"", True
+    while open_ or children:
         _reap(rep_fd, children)
-        ready, _, _ = select.select([req_fd], [], [], 0.05)
+        ready, _, _ = select.select([req_fd] if open_ else [], [], [], 0.05)
         if not ready:
             continue
         data = os.read(req_fd, 1 << 20)
-        if not data:
-            return None
+        if not data:  # no more requests: report the running children's ends, then stop
+            open_ = False
+            continue
         buf += data
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
@@ -257,6 +275,7 @@ def serve(req_fd: int, rep_fd: int) -> dict | None:
                 return req
             children.add(pid)
             _reply(rep_fd, {"id": req["id"], "pid": pid})
+    return None
 
 
 def become(req: dict) -> int:

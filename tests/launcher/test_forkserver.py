@@ -71,7 +71,7 @@ def test_a_script_runs_as_python_would_run_it(server, tmp_path):
     assert got["has_extra"]  # then $PYTHONPATH
     assert got["cwd"] == str(work) and got["env"] == "x1" and got["main"] == "__main__"
     assert got["threads"] == 1  # OMP_NUM_THREADS applies as it does when torch is imported afresh
-    assert got["pid"] == p.pid and p.pid != server._proc.pid
+    assert got["pid"] == p.pid and p.pid != server._conn.proc.pid
 
 
 def test_a_module_runs_as_python_m_runs_it(server, tmp_path):
@@ -120,6 +120,27 @@ def test_what_python_would_not_run_the_same_way_is_not_forked(server, tmp_path):
     assert server.spawn([sys.executable, script], _env(PYTHONHASHSEED="7"), None) is None  # read at start
     base = dict(os.environ)
     assert forkserver.forkable([sys.executable, script], {**base, "ELASTIC_FAULT": "1:step:3"}, base)
+
+
+def test_a_changed_environment_gets_a_new_server_and_the_old_one_reports_its_children(tmp_path, monkeypatch):
+    s = forkserver.ForkServer()
+    try:
+        sleeper = tmp_path / "sleeper.py"
+        sleeper.write_text("import time\ntime.sleep(600)\n")
+        quick = tmp_path / "quick.py"
+        quick.write_text("import sys\nprint(sys.flags.hash_randomization)\n")
+        long = s.spawn([sys.executable, str(sleeper)], _env(), None)
+        first = s._conn
+        monkeypatch.setenv("PYTHONHASHSEED", "0")  # read by a new interpreter at start: the old imports no longer fit
+        log = tmp_path / "q.log"
+        p = s.spawn([sys.executable, str(quick)], _env(), str(log))
+        assert s._conn is not first and first.proc.poll() is None  # the old one waits for its child
+        assert p.wait(timeout=120) == 0 and log.read_text() == "0\n"  # PYTHONHASHSEED=0 took effect
+        long.kill()
+        assert long.wait(timeout=30) == -signal.SIGKILL  # reported by the retired server
+        assert first.proc.wait(timeout=30) == 0  # which then ends
+    finally:
+        s.close()
 
 
 def test_the_local_backend_forks_its_workers_and_falls_back_to_new_processes(tmp_path):
