@@ -21,6 +21,7 @@ def uses_testbed(item: pytest.Item) -> bool:
             or any(word in item.nodeid.split("::")[0] for word in ("slurm", "testbed")))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if uses_testbed(item):

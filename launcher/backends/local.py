@@ -54,10 +54,12 @@ class LocalNodes:
         return self.names[0]
 
     def describe(self) -> str:
+        how = "workers forked from a process that has imported torch" if self.fork_server else \
+            "every worker a new interpreter"
         if len(set(self.sizes)) > 1:
             return (f"local backend: {len(self.names)} simulated nodes with {','.join(map(str, self.sizes))} devices "
-                    "on this machine")
-        return f"local backend: {len(self.names)} simulated nodes x {self.gpus_per_node} devices on this machine"
+                    f"on this machine, {how}")
+        return f"local backend: {len(self.names)} simulated nodes x {self.gpus_per_node} devices on this machine, {how}"
 
     def worker_env(self, node: str, index: int, base: Mapping[str, str]) -> list[dict[str, str]]:
         out = []

@@ -139,6 +139,14 @@ def test_dry_run_local_golden(capsys, tmp_path, monkeypatch):
     assert out.count("ELASTIC_DEVICE=") == 4
 
 
+def test_fresh_processes_says_every_worker_is_a_new_interpreter(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert main(["--dry-run", "--fresh-processes", "--nnodes", "1:2", "--gpus-per-node", "2"] + WORKER) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == "# local backend: 2 simulated nodes x 2 devices on this machine, every worker a new interpreter"
+
+
 def test_shrink_and_release_choices_keep_the_batch_node():
     """Pure part of a shrink: which nodes stay (batch node first, then the busiest) and the scontrol line."""
     from launcher.launch import Launcher, Options
