@@ -13,7 +13,7 @@ stamp=.venv/.elastic-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "bootstrap: installing the project and its test tools into .venv (torch==2.13.0 takes ~20 s)" >&2
   .venv/bin/pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
-  .venv/bin/python -c "import torch, scipy, sqlalchemy, flask, xxhash, pytest, xdist, hypothesis" \
+  .venv/bin/python -c "import torch, scipy, sqlalchemy, flask, xxhash, pytest, hypothesis" \
     || { echo "bootstrap: the install did not complete; see the pip output above" >&2; exit 1; }
   touch "$stamp"
 fi
