@@ -180,7 +180,7 @@ class ForkServer:
                 conn = self._conn = _Connection()
             self._next += 1
             return conn.spawn(self._next, {"argv": list(argv), "env": dict(env), "cwd": os.getcwd(), "log": log,
-                                           "name": name, "server_env": {k: conn.env.get(k) for k in APPLIED}})
+                                           "name": name})
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop taking requests; wait up to `timeout` s for the servers to end (each ends when its last
@@ -278,8 +278,9 @@ def serve(req_fd: int, rep_fd: int) -> dict | None:
     return None
 
 
-def become(req: dict) -> int:
-    """In the forked child: be `python ARGV` as a new interpreter would be, run it, return its exit status."""
+def become(req: dict, before: Mapping[str, str]) -> int:
+    """In the forked child: be `python ARGV` as a new interpreter would be, run it, return its exit status.
+    `before`: the environment the server started with (what its imports saw)."""
     import runpy
 
     if req.get("name"):
@@ -290,7 +291,7 @@ def become(req: dict) -> int:
         os.dup2(fd, 2)
         os.close(fd)
     os.chdir(req["cwd"])
-    env, before = req["env"], req["server_env"]
+    env = req["env"]
     old_path = [p for p in (before.get("PYTHONPATH") or "").split(os.pathsep) if p]
     os.environ.clear()
     os.environ.update(env)
@@ -347,10 +348,11 @@ def _set_name(name: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    start_env = dict(os.environ)
     req = serve(int(args[0]), int(args[1]))
     if req is None:
         return
-    code = become(req)
+    code = become(req, start_env)
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)
