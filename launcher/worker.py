@@ -98,7 +98,7 @@ def train(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     migrate.train.warm_up()  # a standby worker must not pay first-use costs inside a migration
     job = runtime.join(model=lambda lay: build_stage(model, lay, tc.seed),
-                       optimizer=lambda params: torch.optim.Adam(params, lr=tc.lr, foreach=False),
+                       optimizer=lambda params: torch.optim.Adam(params, lr=tc.lr, fused=True),
                        manifest=lambda lay: stage_manifest(model, ParallelConfig.parse(lay.name), lay.rank),
                        model_info=model_info(model), collective_timeout=args.collective_timeout)
     while job.next_step(until=args.steps or None):

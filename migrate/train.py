@@ -40,7 +40,7 @@ def warm_up() -> None:
     """What a joining worker does while it waits: pay the one-time lazy imports of building a model
     and an optimizer before a migration, not inside it."""
     p = torch.nn.Parameter(torch.zeros(1, 1, 2, 4))
-    opt = torch.optim.Adam([p], foreach=False)
+    opt = torch.optim.Adam([p], fused=True)
     F.scaled_dot_product_attention(p, p, p, is_causal=True).sum().backward()
     opt.step()
 
@@ -83,7 +83,7 @@ class Trainer:
         self.stage.load(state.tensors["param"])
         self.step_no = state.step
         params = dict(self.stage.named_parameters())
-        self.opt = torch.optim.Adam(params.values(), lr=tc.lr, foreach=False)
+        self.opt = torch.optim.Adam(params.values(), lr=tc.lr, fused=True)
         if "exp_avg" in state.tensors and state.step > 0:
             for name, p in params.items():
                 self.opt.state[p] = {"step": torch.tensor(float(state.step)),

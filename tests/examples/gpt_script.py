@@ -33,7 +33,7 @@ def main() -> None:
     torch.set_num_threads(1)
     tc = TrainConfig()
     job = runtime.join(model=lambda lay: build_stage(MODEL, lay, tc.seed),
-                       optimizer=lambda params: torch.optim.Adam(params, lr=tc.lr, foreach=False),
+                       optimizer=lambda params: torch.optim.Adam(params, lr=tc.lr, fused=True),
                        manifest=lambda lay: stage_manifest(MODEL, ParallelConfig.parse(lay.name), lay.rank))
     while job.next_step(until=args.steps):
         if args.gc_file:  # what the garbage collector may walk during this step (launcher.runtime_gc)

@@ -24,7 +24,7 @@ def _layout(name: str, rank: int):
 
 
 def _adam(stage):
-    opt = torch.optim.Adam(stage.parameters(), lr=1e-3, foreach=False)
+    opt = torch.optim.Adam(stage.parameters(), lr=1e-3, fused=True)
     for p in stage.parameters():
         p.grad = torch.zeros_like(p)
     opt.step()  # the optimizer state exists, as the runtime creates it
@@ -51,7 +51,7 @@ def test_the_builder_starts_from_the_reference_weights_and_trains_like_it() -> N
     ref = Trainer(MODEL, cfg, 0, initial_state(MODEL, cfg, 0, 0), [0], Groups(cfg, [0], 0), tc)
     want = [ref.train_step() for _ in range(2)]
     stage = build_stage(MODEL, _layout("pp1", 0))
-    opt = torch.optim.Adam(stage.parameters(), lr=tc.lr, foreach=False)
+    opt = torch.optim.Adam(stage.parameters(), lr=tc.lr, fused=True)
     got = []
     for step in range(2):
         losses = [F.cross_entropy(stage(mb[:, :-1]).reshape(-1, MODEL.vocab), mb[:, 1:].reshape(-1),
