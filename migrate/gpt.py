@@ -23,9 +23,9 @@ def tp_all_reduce(x: torch.Tensor, group, members: list[int] | None) -> torch.Te
 
     TP all-reduces are small (one activation) and many (four per layer and micro-batch), so their
     cost is latency, not bandwidth: gloo's ring takes 2(n-1) dependent hops, each waiting for the
-    next process to be scheduled, which on a node with more processes than cores is most of a
-    training step. One round of direct exchange costs 13-40 % less (n = 2, 4, 8 with 8-32
-    processes on two cores). Every member adds the parts in the same (TP) order, so all members get
+    next process to be scheduled, which adds up with wide TP groups on a node with more processes
+    than cores. One round of direct exchange costs 13-40 % less (n = 2, 4, 8 with 8-32 processes
+    on two cores; a whole tp2 step does not notice, a tp8 one does). Every member adds the parts in the same (TP) order, so all members get
     bit-identical sums, as replicated parameters need. `members` are the group ranks in TP order.
     """
     x = x.contiguous()
