@@ -56,10 +56,8 @@ class LocalNodes:
     def describe(self) -> str:
         how = "workers forked from a process that has imported torch" if self.fork_server else \
             "every worker a new interpreter"
-        if len(set(self.sizes)) > 1:
-            return (f"local backend: {len(self.names)} simulated nodes with {','.join(map(str, self.sizes))} devices "
-                    f"on this machine, {how}")
-        return f"local backend: {len(self.names)} simulated nodes x {self.gpus_per_node} devices on this machine, {how}"
+        devices = f"with {','.join(map(str, self.sizes))}" if len(set(self.sizes)) > 1 else f"x {self.gpus_per_node}"
+        return f"local backend: {len(self.names)} simulated nodes {devices} devices on this machine, {how}"
 
     def worker_env(self, node: str, index: int, base: Mapping[str, str]) -> list[dict[str, str]]:
         out = []
