@@ -18,21 +18,35 @@ from migrate.workload import Workload
 
 
 def tp_all_reduce(x: torch.Tensor, group, members: list[int] | None) -> torch.Tensor:
-    """Sum `x` over the TP group; on gloo (`members` given) in one round: every member sends its
-    tensor to every other; elsewhere (NCCL, `members` None) with the backend's own all-reduce.
+    """Sum `x` over the TP group; on gloo (`members` given, the group ranks in TP order) by exchanging
+    whole tensors between members; elsewhere (NCCL, `members` None) with the backend's own all-reduce.
 
     TP all-reduces are small (one activation) and many (four per layer and micro-batch), so their
-    cost is latency, not bandwidth: gloo's ring takes 2(n-1) dependent hops, each waiting for the
-    next process to be scheduled, which adds up with wide TP groups on a node with more processes
-    than cores. One round of direct exchange costs 13-40 % less (n = 2, 4, 8 with 8-32 processes
-    on two cores; a whole tp2 step does not notice, a tp8 one does). Every member adds the parts in the same (TP) order, so all members get
-    bit-identical sums, as replicated parameters need. `members` are the group ranks in TP order.
+    cost is per message, not per byte: gloo's ring sends 2(n-1) messages per member in as many
+    dependent hops, each waiting for the next process to be scheduled on a node with more processes
+    than cores. A power-of-two group exchanges in log2(n) rounds of one message each way (recursive
+    doubling: in round k a member swaps its partial sum with the member whose TP index differs in bit
+    k); another size in one round where every member sends to every other. Every member ends with
+    the same bits, as replicated parameters need: in recursive doubling each round adds two partial
+    sums that both partners hold (a + b and b + a are the same float), in the one round every member
+    adds the parts in TP order.
     """
     x = x.contiguous()
     if members is None:
         dist.all_reduce(x, group=group)
         return x
     me = dist.get_rank(group)
+    n, pos = len(members), members.index(me)
+    if n & (n - 1) == 0:
+        total, bit = x, 1
+        while bit < n:
+            peer = members[pos ^ bit]
+            part = torch.empty_like(x)
+            recv = dist.irecv(part, group=group, group_src=peer)
+            dist.isend(total, group=group, group_dst=peer).wait()
+            recv.wait()
+            total, bit = total + part, bit << 1
+        return total
     parts, pending = [], []
     for peer in members:
         if peer == me:
@@ -94,7 +108,7 @@ class TPGroup:
         ranks = world_ranks or []
         self.slot_of_tp = [sorted(ranks).index(r) for r in ranks]
         gloo = group is not None and dist.get_backend(group) == "gloo"
-        self.direct_members = self.slot_of_tp if gloo else None  # tp_all_reduce: one round on gloo
+        self.direct_members = self.slot_of_tp if gloo else None  # tp_all_reduce: member to member on gloo
 
     def copy(self, x):
         return x if self.group is None else _CopyToTP.apply(x, self.group, self.direct_members)
