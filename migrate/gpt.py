@@ -36,17 +36,26 @@ def tp_all_reduce(x: torch.Tensor, group, members: list[int] | None) -> torch.Te
         dist.all_reduce(x, group=group)
         return x
     me = dist.get_rank(group)
-    n, pos = len(members), members.index(me)
-    if n & (n - 1) == 0:
-        total, bit = x, 1
-        while bit < n:
-            peer = members[pos ^ bit]
-            part = torch.empty_like(x)
-            recv = dist.irecv(part, group=group, group_src=peer)
-            dist.isend(total, group=group, group_dst=peer).wait()
-            recv.wait()
-            total, bit = total + part, bit << 1
-        return total
+    if len(members) & (len(members) - 1) == 0:
+        return _doubling_sum(x, group, members, members.index(me))
+    return _one_round_sum(x, group, members, me)
+
+
+def _doubling_sum(x: torch.Tensor, group, members: list[int], pos: int) -> torch.Tensor:
+    """Recursive doubling over a power-of-two group; `pos` is this member's TP index."""
+    total, bit = x, 1
+    while bit < len(members):
+        peer = members[pos ^ bit]
+        part = torch.empty_like(x)
+        recv = dist.irecv(part, group=group, group_src=peer)
+        dist.isend(total, group=group, group_dst=peer).wait()
+        recv.wait()
+        total, bit = total + part, bit << 1
+    return total
+
+
+def _one_round_sum(x: torch.Tensor, group, members: list[int], me: int) -> torch.Tensor:
+    """Every member sends `x` to every other and adds all parts in TP order."""
     parts, pending = [], []
     for peer in members:
         if peer == me:

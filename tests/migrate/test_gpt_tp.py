@@ -3,8 +3,8 @@
 Oracle: the float64 sum of every member's tensor (independent of any summation order), and the rule
 replicated parameters need: every member gets the bit-identical float32 result. Inputs span several
 orders of magnitude (x2 per rank, which float32 still sums to ~1e-4) so that a member adding in another
-order, or any one missing part, shows. Group sizes:
-4 and 8 take recursive doubling (2 and 3 rounds), 3 the one-round exchange."""
+order, or any one missing part, shows. Group sizes 4 and 8 take recursive doubling (2 and 3 rounds),
+3 the one-round exchange."""
 from __future__ import annotations
 
 import functools
