@@ -224,6 +224,12 @@ def options_from_args(args: argparse.Namespace) -> Options:
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be 0 (off) or a number of steps, got {args.checkpoint_every}")
     from launcher.policy import NoLayoutError, check_node_range
+    from launcher.runtime_threads import nice_from_env
+
+    try:
+        nice_from_env()  # the workers inherit it (launcher.runtime_threads): refused here, before any starts
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
     try:
         check_node_range(lo, hi, gpn, layouts, model, node_gpus)

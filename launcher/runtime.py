@@ -76,6 +76,7 @@ from collections.abc import Callable, Mapping
 from launcher import control as C
 from launcher import runtime_ckpt, runtime_faults
 from launcher.runtime_gc import CollectorHold
+from launcher.runtime_threads import GlooThreads, nice_from_env
 from launcher.runtime_layout import Layout, device_mesh, keep_stage_blocks, parse_layout
 from launcher.runtime_pipeline import Pipeline
 from launcher.sockets import cut_collective_sockets
@@ -112,6 +113,7 @@ class Job:
         self._committed = 0  # the last step whose optimizer update committed (launcher.runtime_faults)
         self._entered_at = 0  # the step this worker entered its current world at (_enter)
         self._collector = CollectorHold()  # the garbage collector kept out of a migration's pause
+        self._gloo = GlooThreads()  # gloo's I/O threads at a low priority (launcher.runtime_threads)
         self._snap: dict = {}  # the registered objects' state at the last step boundary
         self._kept: dict | None = None  # state held while no model is built (a migration that did not commit)
         self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
@@ -187,7 +189,9 @@ class Job:
     # -- consistent cuts and safety checkpoints -----------------------------------------------------
     def _boundary(self) -> None:
         """Between two steps: the heartbeat, the registered objects' state (to take back if the next step
-        fails), and a safety checkpoint when one is due (written in the background: runtime_ckpt.Safety)."""
+        fails), and a safety checkpoint when one is due (written in the background: runtime_ckpt.Safety).
+        gloo's I/O threads of process groups made since the last boundary are lowered (runtime_threads)."""
+        self._gloo.lower()
         self.ctl.set_step(self.device, self.step)
         if self.step > self._entered_at:  # a step committed in this world: the pause is over
             self._collector.release()
@@ -756,6 +760,11 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
         raise RuntimeError(f"{JOIN_CALL}: this program must be started by elastic-launch (${C.ENV_STORE} is unset)")
     _default_threads()
     device, local_id, gpn = device_from_env()
+    try:
+        nice_from_env()
+    except ValueError as exc:
+        print(f"runtime: device {device}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     ctl = C.Control.from_env()
     ctl.hello(device)
     job = Job(ctl, device, model, tp_plan, optimizer, state or {}, manifest, collective_timeout, (local_id, gpn))

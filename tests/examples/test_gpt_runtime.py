@@ -7,7 +7,8 @@ the reduction order), every step once, and every migration recorded bit-exact (t
 compared at both ends). Each migration reports what the reference worker's do (phases, the
 step it applied at, every worker's marks for launcher.timeline) and keeps the process group whose members do
 not change: the shrink's migration world is the old training world, the grow's new training world is its
-migration world."""
+migration world. In every step of every worker, gloo's I/O threads run at the lowest priority
+(launcher.runtime_threads)."""
 from __future__ import annotations
 
 import time
@@ -85,6 +86,7 @@ def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tm
     assert tl is not None and set(tl.rows) == {0, 1, 2, 3}, tl
     assert sum(tl.critical_path().values()) == pytest.approx(tl.pause_s)
     check_collector_held_for_the_first_step_only(gc_file)
+    check_gloo_threads_lowered(gc_file)
     timeline = store.steps(job.id)  # job.report_loss: the latest step at each poll of the launcher
     assert timeline and {(r.step, r.loss, r.layout) for r in timeline} <= set(rows), (timeline, rows)
 
@@ -95,7 +97,7 @@ def check_collector_held_for_the_first_step_only(gc_file: Path) -> None:
     step not right after a migration, nothing is (no object stays uncollectable)."""
     steps: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for line in gc_file.read_text().splitlines():
-        pid, migrations, step, frozen = line.split()
+        pid, migrations, step, frozen, _threads = line.split()
         steps.setdefault((pid, int(migrations)), []).append((int(step), int(frozen)))
     assert any(m > 0 for _p, m in steps), steps  # workers that took part in a migration wrote
     for (pid, migrations), rows in steps.items():
@@ -103,3 +105,10 @@ def check_collector_held_for_the_first_step_only(gc_file: Path) -> None:
         first, rest = rows[0], rows[1:]
         assert (first[1] > 0) == (migrations > 0), (pid, migrations, rows)
         assert all(frozen == 0 for _s, frozen in rest), (pid, migrations, rows)
+
+
+def check_gloo_threads_lowered(gc_file: Path) -> None:
+    """launcher.runtime_threads: in every step of every worker, the worlds formed at the start, in the migrations
+    and for the new layouts included, each gloo I/O thread is at the lowest priority."""
+    threads = [line.split()[4] for line in gc_file.read_text().splitlines()]
+    assert threads and all(low == every and int(every) > 0 for low, every in (t.split("/") for t in threads)), threads

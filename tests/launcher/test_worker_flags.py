@@ -1,6 +1,7 @@
 """The reference worker (python -m launcher.worker) on the runtime API: two real worker processes of one
 job given different model flags. The first one's model is the job's; the second exits with status 2 and
-one line that names both models and says to give every worker the same flags, before it trains."""
+one line that names both models and says to give every worker the same flags, before it trains. A worker
+given an $ELASTIC_GLOO_NICE it cannot use (launcher.runtime_threads) exits the same way, before it says hello."""
 from __future__ import annotations
 
 import os
@@ -14,9 +15,9 @@ from launcher import control as C
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _worker(ctl: C.Control, device: int, layers: int, tmp_path: Path) -> subprocess.Popen:
+def _worker(ctl: C.Control, device: int, layers: int, tmp_path: Path, **extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), C.ENV_STORE: ctl.address, C.ENV_DEVICE: str(device),
-           C.ENV_GPUS_PER_NODE: "2", C.ENV_LOCAL_ID: str(device)}
+           C.ENV_GPUS_PER_NODE: "2", C.ENV_LOCAL_ID: str(device), **extra}
     return subprocess.Popen([sys.executable, "-m", "launcher.worker", "--layers", str(layers), "--hidden", "64",
                              "--vocab", "128"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=open(tmp_path / f"dev{device}.err", "w"), text=True)
@@ -39,3 +40,12 @@ def test_a_worker_whose_model_flags_differ_is_refused_with_one_line(tmp_path: Pa
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_worker_given_a_bad_gloo_niceness_is_refused_with_one_line(tmp_path: Path) -> None:
+    ctl = C.Control("127.0.0.1", 0, server=True)
+    worker = _worker(ctl, 0, 4, tmp_path, ELASTIC_GLOO_NICE="lowest")
+    assert worker.wait(timeout=120) == 2
+    err = (tmp_path / "dev0.err").read_text().strip().splitlines()
+    assert len(err) == 1 and "$ELASTIC_GLOO_NICE must be a whole number from 0" in err[0] and "'lowest'" in err[0], err
+    assert ctl.model() is None and not ctl.hellos([0])  # refused before it said hello or offered its model
