@@ -10,8 +10,9 @@ returning the same unread socket; 370-460 us of system time per message end agai
 messages stream).
 
 Measured on a 2-core machine, 8 workers training pp4tp2 (the reference GPT, hidden 384, the bench's
-model): gloo's threads took 0.96-1.10 of the 3.3 CPU-s of each 1.88-1.98 s step; at the lowest priority
-(nice 19) 0.25 CPU-s, and the step took 1.46 s. Such a thread still runs as soon as the trainer
+model; three runs of 6 steps each way, alternating): gloo's threads took 0.99-1.17 of the 2.98-3.86 CPU-s
+of each 1.60-2.10 s step (30-33 %); at the lowest priority (nice 19) 0.28-0.30 CPU-s, and the step took
+1.24-1.33 s. Such a thread still runs as soon as the trainer
 thread of its core waits (for a message: then there is work for it), so the bulk transfer of a
 migration, where these threads copy every byte, took as long either way (pp6tp4 -> pp4tp2 moving
 0.95 GB: 0.57-0.67 s at either priority, python -m migrate.execbench).
