@@ -76,9 +76,9 @@ from collections.abc import Callable, Mapping
 from launcher import control as C
 from launcher import runtime_ckpt, runtime_faults
 from launcher.runtime_gc import CollectorHold
-from launcher.runtime_threads import GlooThreads, nice_from_env
 from launcher.runtime_layout import Layout, device_mesh, keep_stage_blocks, parse_layout
 from launcher.runtime_pipeline import Pipeline
+from launcher.runtime_threads import GlooThreads, nice_from_env
 from launcher.sockets import cut_collective_sockets
 
 __all__ = ["JOIN_CALL", "STEP_CALL", "Job", "Layout", "Pipeline", "join", "keep_stage_blocks", "parse_layout"]

@@ -5,9 +5,9 @@ waits in a level-triggered epoll and, to stay free of deadlocks, handles a ready
 gets that connection's lock at once (try_lock). While the trainer's thread holds the lock (posting a
 send or a receive) the socket stays ready and the I/O thread calls epoll_wait again and again. With
 more worker processes than cores the lock holder is often preempted, and the I/O thread spins for
-the rest of its time slice (strace of two processes exchanging 48 KB messages: runs of epoll_wait
-returning the same unread socket; 370-460 us of system time per message end against 14 us when
-messages stream).
+the rest of its time slice (strace of two processes exchanging 48 KB messages in turn: runs of
+epoll_wait returning the same unread socket; with other busy processes on the cores, 370-460 us of
+system time in gloo's thread per message end, against 14 us of CPU in all when messages stream).
 
 Measured on a 2-core machine, 8 workers training pp4tp2 (the reference GPT, hidden 384, the bench's
 model; three runs of 6 steps each way, alternating): gloo's threads took 0.99-1.17 of the 2.98-3.86 CPU-s
