@@ -51,6 +51,23 @@ def thread_nice(tid: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, tid)
 
 
+def gloo_threads() -> list[int]:
+    """The ids of this process's gloo I/O threads (none where there is no procfs)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    out = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == THREAD_NAME:
+                    out.append(int(tid))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return out
+
+
 class GlooThreads:
     """lower() at a step boundary: sets every gloo I/O thread of this process that is not yet at `nice`."""
 
@@ -58,23 +75,15 @@ class GlooThreads:
         self.nice = nice_from_env() if nice is None else nice
 
     def lower(self) -> int:
-        """Threads changed now (0 when none is new; a listing of /proc/self/task and one syscall each)."""
+        """Threads changed now (0 when none is new; a listing of /proc/self/task and one read per thread)."""
         if self.nice <= 0:
             return 0
-        try:
-            tids = [int(t) for t in os.listdir("/proc/self/task")]
-        except OSError:  # no procfs: nothing to do
-            return 0
         changed = 0
-        for tid in tids:
+        for tid in gloo_threads():
             try:
-                if thread_nice(tid) >= self.nice:
-                    continue
-                with open(f"/proc/self/task/{tid}/comm") as f:
-                    if f.read().strip() != THREAD_NAME:
-                        continue
-                os.setpriority(os.PRIO_PROCESS, tid, self.nice)
-                changed += 1
+                if thread_nice(tid) < self.nice:
+                    os.setpriority(os.PRIO_PROCESS, tid, self.nice)
+                    changed += 1
             except OSError:  # the thread ended meanwhile
                 continue
         return changed

@@ -15,27 +15,12 @@ import time
 import torch
 
 from launcher import runtime
-from launcher.runtime_threads import DEFAULT_NICE, THREAD_NAME, thread_nice
+from launcher.runtime_threads import DEFAULT_NICE, gloo_threads, thread_nice
 from migrate.gpt_live import build_stage, stage_manifest, train_step
 from migrate.layout import ModelSpec, ParallelConfig
 from migrate.train import TrainConfig
 
 MODEL = ModelSpec(layers=4, hidden=128, vocab=512, seq_len=32)  # tests/launcher/test_faults.MODEL
-
-
-def gloo_threads() -> tuple[int, int]:
-    """(at the runtime's niceness, all) gloo I/O threads of this process (launcher.runtime_threads)."""
-    low = every = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() != THREAD_NAME:
-                    continue
-            every += 1
-            low += thread_nice(int(tid)) >= DEFAULT_NICE
-        except OSError:  # the thread ended meanwhile
-            continue
-    return low, every
 
 
 def main() -> None:
@@ -55,7 +40,8 @@ def main() -> None:
     while job.next_step(until=args.steps):
         if args.gc_file:  # what the garbage collector may walk during this step (launcher.runtime_gc)
             with open(args.gc_file, "a") as f:
-                low, every = gloo_threads()
+                tids = gloo_threads()
+                low, every = sum(thread_nice(t) >= DEFAULT_NICE for t in tids), len(tids)
                 f.write(f"{os.getpid()} {job.migrations} {job.step} {gc.get_freeze_count()} {low}/{every}\n")
         with job.guard():
             loss = train_step(job, MODEL, tc)  # the reference trainer's step (PP schedule, TP, DP sum)
