@@ -225,9 +225,11 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError(f"--checkpoint-every must be 0 (off) or a number of steps, got {args.checkpoint_every}")
     from launcher.policy import NoLayoutError, check_node_range
     from launcher.runtime_threads import nice_from_env
+    from migrate.cma import enabled_from_env as cma_enabled_from_env
 
     try:
         nice_from_env()  # the workers inherit it (launcher.runtime_threads): refused here, before any starts
+        cma_enabled_from_env()  # the same (migrate.cma)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

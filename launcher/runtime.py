@@ -80,6 +80,7 @@ from launcher.runtime_layout import Layout, device_mesh, keep_stage_blocks, pars
 from launcher.runtime_pipeline import Pipeline
 from launcher.runtime_threads import GlooThreads, nice_from_env
 from launcher.sockets import cut_collective_sockets
+from migrate.cma import enabled_from_env as cma_enabled_from_env
 
 __all__ = ["JOIN_CALL", "STEP_CALL", "Job", "Layout", "Pipeline", "join", "keep_stage_blocks", "parse_layout"]
 
@@ -526,7 +527,8 @@ class Job:
             self.ctl.mark("moved")
             st = result.stats
             self.log(f"event {e}: sent {st.bytes_sent / 1e6:.1f} MB, received {st.bytes_received / 1e6:.1f} MB in "
-                     f"{st.messages} messages, {st.windows} windows; transfer {result.phases.get('transfer', 0):.3f} s, "
+                     f"{st.messages} messages ({st.cma_bytes / 1e6:.1f} MB read across processes' memory), "
+                     f"{st.windows} windows; transfer {result.phases.get('transfer', 0):.3f} s, "
                      f"verify {result.phases.get('verify', 0):.3f} s (digests of what landed {st.final_digest_s:.3f} s), "
                      f"cpu user {os.times().user - cpu0.user:.3f} s, sys {os.times().system - cpu0.system:.3f} s")
             runtime_faults.die_at(self.fault, "commit", None, self.log)
@@ -762,6 +764,7 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
     device, local_id, gpn = device_from_env()
     try:
         nice_from_env()
+        cma_enabled_from_env()
     except ValueError as exc:
         print(f"runtime: device {device}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from migrate import cma
 from migrate.checksum import unit_digest
 
 #: pieces below this size between two processes travel in one packed message
@@ -56,6 +57,11 @@ class TransferError(RuntimeError):
 
 #: tag of the digest confirmations, apart from the data's (gloo matches messages per pair and tag, in order)
 ACK_TAG = 7
+#: tags of cross-memory reads (migrate.cma): a sender's descriptions of its views, the receiver's answer
+#: (it reads them or not) and its "done" (one tag each: a pair's two directions carry them at once)
+DESC_TAG, ANSWER_TAG, DONE_TAG = 8, 9, 10
+#: int64 slots of one view's description: address, block, k, then up to 8 (count, stride)
+DESC_SLOTS = 3 + 2 * 8
 
 
 @dataclass
@@ -85,6 +91,7 @@ class _Message:
     nbytes: int
     temp: int  # bytes of staging or contiguous copy it needs
     owners: set = field(default_factory=set)
+    cma: bool = False  # read by the receiver straight from the sender's memory (migrate.cma)
 
 
 @dataclass
@@ -97,6 +104,7 @@ class TransferStats:
     staging_bytes: int = 0
     final_digest_s: float = 0.0  # seconds spent digesting direct messages' new tensors after the last window
     staging_fresh: int = 0  # staging bytes allocated during the run (the buffers given ahead were too small)
+    cma_bytes: int = 0  # of bytes_sent + bytes_received, those read across processes' memory (migrate.cma)
 
 
 def _bytes(t: torch.Tensor) -> int:
@@ -227,22 +235,28 @@ class Exchange:
         staging_out, fresh_out = _staging(have_out, temp_out, device)
         self.stats.staging_bytes, self.stats.staging_fresh = temp_in + temp_out, fresh_in + fresh_out
         acks = _Acks(self.group)  # release mode: confirmations of what arrived
+        reads = None
         try:
+            reads = _Reads(self.group, self._msgs if self._may_read() else [])
             for i, window in enumerate(windows):
                 if on_window is not None:
                     on_window(i)
-                self._window(window, staging_in, staging_out, acks)
+                self._window(window, staging_in, staging_out, acks, reads)
                 self._settle(acks, wait=False)
             self._settle(acks, wait=True)
+            reads.finish()
             if self._direct:  # what sits in the new tensors now, after every write
                 t0 = time.perf_counter()
                 for m in self._direct:
                     self.got[m.key] = unit_digest(_flat(m.pieces[0].tensor))
                 self._direct.clear()
                 self.stats.final_digest_s = time.perf_counter() - t0
-        except TransferError:
-            raise
-        except Exception as exc:  # a dead peer shows up here as a gloo error
+        except Exception as exc:
+            if reads is not None:
+                reads.abandon()
+            if isinstance(exc, TransferError):
+                raise
+            # a dead peer shows up here as a gloo error
             raise TransferError(f"{type(exc).__name__}: {exc}") from exc
         self.stats.windows = len(windows)
         return self.stats
@@ -267,6 +281,11 @@ class Exchange:
                if d != signed64(self.got[m.key]) for p in m.pieces]
         return bad, sum(len(m.pieces) for ms in into.values() for m in ms)
 
+    def _may_read(self) -> bool:
+        """Whether messages may go by cross-memory read (migrate.cma): on gloo, where tensors are on the
+        CPU; the same answer for every member of the group."""
+        return dist.is_initialized() and dist.get_backend(self.group) == "gloo"
+
     def _device(self) -> torch.device:
         for items in self._sends.values():
             return items[0][1].tensor.device
@@ -274,12 +293,15 @@ class Exchange:
             if dist.is_initialized() and dist.get_backend(self.group) == "nccl" else torch.device("cpu")
 
     def _window(self, window: list[_Message], staging_in: torch.Tensor, staging_out: torch.Tensor,
-                acks: "_Acks") -> None:
-        ops, unpack, sent = [], [], []
+                acks: "_Acks", reads: "_Reads") -> None:
+        ops, unpack, sent, read = [], [], [], []
         off_in = off_out = 0
+        digest = self.digests or self.release is not None
         for m in window:
             if m.outgoing:
-                if m.temp:  # packed small pieces, or a strided view: one contiguous copy
+                if m.cma and not digest:  # the receiver reads the view itself
+                    buf = None
+                elif m.temp:  # packed small pieces, or a strided view: one contiguous copy
                     buf = staging_out[off_out:off_out + m.nbytes]
                     off_out += m.nbytes
                     pos = 0
@@ -289,9 +311,11 @@ class Exchange:
                         pos += p.nbytes
                 else:
                     buf = _flat(m.pieces[0].tensor)
-                ops.append(dist.isend(buf, group=self.group, group_dst=m.peer))
+                if not m.cma:
+                    ops.append(dist.isend(buf, group=self.group, group_dst=m.peer))
                 self.stats.bytes_sent += m.nbytes
-                sent.append((m, buf))
+                if buf is not None:
+                    sent.append((m, buf))
             else:
                 if m.temp:
                     buf = staging_in[off_in:off_in + m.nbytes]
@@ -300,13 +324,19 @@ class Exchange:
                 else:
                     buf = _flat(m.pieces[0].tensor)
                     unpack.append((m, None))
-                ops.append(dist.irecv(buf, group=self.group, group_src=m.peer))
+                if m.cma:
+                    read.append((m, buf))
+                else:
+                    ops.append(dist.irecv(buf, group=self.group, group_src=m.peer))
                 self.stats.bytes_received += m.nbytes
             self.stats.messages += 1
-        digest = self.digests or self.release is not None
+            if m.cma:
+                self.stats.cma_bytes += m.nbytes
         if digest:  # the sender's digests, from the bytes on their way (in flight meanwhile)
             for m, buf in sent:
                 self.sent[m.key] = unit_digest(buf)
+        for m, buf in read:  # while the socket messages are in flight
+            reads.read(m, buf)
         for op in ops:
             op.wait()
         for m, buf in unpack:
@@ -445,3 +475,106 @@ class _Acks:
                 req.wait()
             self._out.clear()
         return done
+
+
+class _Reads:
+    """One run's cross-memory reads (migrate.cma), agreed per pair of processes at the start. A sender
+    hands each peer it sends unpacked messages to its `identity` and a description of every such view,
+    in key order (both ends order them alike); the receiver decides whether it may read that peer
+    (migrate.cma.readable) and says so; from then on both ends treat that pair's unpacked messages
+    alike: read from the sender's memory, or sent over the socket. At the end every reader tells each
+    peer it read that it is done, and a sender waits for that before it returns: its memory is left
+    untouched until then (in safe mode the old state lives on anyway, with release early an old tensor
+    goes only once its reader confirmed what it read). Every message posted before any wait: free of
+    deadlock, and a process that takes no part in a pair's messages takes none in its handshake."""
+
+    def __init__(self, group, msgs: list[_Message]) -> None:
+        self.group = group
+        me = cma.identity()
+        outgoing: dict[int, list[_Message]] = {}
+        incoming: dict[int, list[_Message]] = {}
+        for m in msgs:
+            if m.key[0] == 1:  # packed messages stay on the socket
+                (outgoing if m.outgoing else incoming).setdefault(m.peer, []).append(m)
+        self._sent: list[tuple[object, torch.Tensor]] = []  # descriptions, answers and done flags on their way
+        answers: dict[int, tuple[object, torch.Tensor]] = {}
+        for peer, ms in outgoing.items():
+            values = list(me)
+            for m in ms:
+                d = cma.describe(m.pieces[0].tensor)
+                if len(d) > DESC_SLOTS:
+                    raise TransferError(f"{m.pieces[0].key}: a view of {len(d)} description slots, at most "
+                                        f"{DESC_SLOTS}; set ${cma.ENV_CMA}=0 to move it over sockets")
+                values += d + [0] * (DESC_SLOTS - len(d))
+            desc = torch.tensor(values, dtype=torch.int64)
+            self._sent.append((dist.isend(desc, group=group, group_dst=peer, tag=DESC_TAG), desc))
+            box = torch.zeros(1, dtype=torch.int64)
+            answers[peer] = (dist.irecv(box, group=group, group_src=peer, tag=ANSWER_TAG), box)
+        descs = {}
+        for peer, ms in incoming.items():
+            box = torch.zeros(len(me) + len(ms) * DESC_SLOTS, dtype=torch.int64)
+            descs[peer] = (dist.irecv(box, group=group, group_src=peer, tag=DESC_TAG), box)
+        self.pids: dict[int, int] = {}  # the peers this process reads, with their pids
+        self._queue: dict[int, list[list[int]]] = {}
+        for peer, (req, box) in descs.items():  # as a receiver: decide, answer
+            req.wait()
+            values = box.tolist()
+            them, rows = values[:len(me)], values[len(me):]
+            ok = cma.readable(me, them)
+            answer = torch.tensor([int(ok)], dtype=torch.int64)
+            self._sent.append((dist.isend(answer, group=group, group_dst=peer, tag=ANSWER_TAG), answer))
+            if ok:
+                self.pids[peer] = them[-1]
+                cut = [rows[i:i + DESC_SLOTS] for i in range(0, len(rows), DESC_SLOTS)]
+                self._queue[peer] = [row[:3 + 2 * row[2]] for row in reversed(cut)]
+                for m in incoming[peer]:
+                    m.cma = True
+        self._done: dict[int, tuple[object, torch.Tensor]] = {}  # peer -> the posted receive of its "done"
+        for peer, (req, box) in answers.items():  # as a sender: learn the answer
+            req.wait()
+            if int(box[0]):
+                for m in outgoing[peer]:
+                    m.cma = True
+                done = torch.zeros(1, dtype=torch.int64)
+                self._done[peer] = (dist.irecv(done, group=group, group_src=peer, tag=DONE_TAG), done)
+        self._readers = list(self.pids)  # the peers to tell "done"
+
+    def read(self, m: _Message, into: torch.Tensor) -> None:
+        """Read message `m` from its sender's memory into contiguous `into` (messages of a peer in key order)."""
+        try:
+            cma.read(self.pids[m.peer], into, self._queue[m.peer].pop())
+        except OSError as exc:
+            raise TransferError(f"could not read the memory of rank {m.peer} (pid {self.pids[m.peer]}): {exc}; "
+                                f"set ${cma.ENV_CMA}=0 to move every message over sockets") from exc
+
+    def _tell(self, flag: int) -> list:
+        told = []
+        for peer in self._readers:
+            box = torch.tensor([flag], dtype=torch.int64)
+            told.append((dist.isend(box, group=self.group, group_dst=peer, tag=DONE_TAG), box))
+        self._readers = []
+        self._sent += told
+        return told
+
+    def finish(self) -> None:
+        """Tell every peer read that this process is done with its memory; wait until every reader of
+        this process's memory says the same."""
+        self._tell(0)
+        for peer, (req, box) in self._done.items():
+            req.wait()
+            if int(box[0]):
+                raise TransferError(f"rank {peer} could not read this process's memory (see its log)")
+        self._done.clear()
+        for req, _t in self._sent:
+            req.wait()
+        self._sent.clear()
+
+    def abandon(self) -> None:
+        """On a failure: tell the peers not yet told that their memory will not be read (best effort)."""
+        from datetime import timedelta
+
+        try:
+            for req, _box in self._tell(1):  # on its way before this process moves on (or exits)
+                req.wait(timedelta(seconds=5))
+        except Exception:  # noqa: BLE001 -- the failure being raised says what went wrong
+            pass

@@ -92,13 +92,17 @@ def test_bad_input_exits_2_and_writes_nothing(argv, message, fake_slurm, tmp_pat
     assert not [c for c in fake_slurm if c[:2] == ["scontrol", "update"] or c[0] == "srun"]
 
 
-def test_a_bad_gloo_niceness_is_refused_before_anything_starts(fake_slurm, tmp_path, monkeypatch, capsys):
-    """The workers inherit $ELASTIC_GLOO_NICE (launcher.runtime_threads): elastic-launch reads it first."""
+@pytest.mark.parametrize("var,says", [("ELASTIC_GLOO_NICE", "$ELASTIC_GLOO_NICE must be a whole number from 0"),
+                                      ("ELASTIC_CMA", "$ELASTIC_CMA must be 1")])
+def test_a_bad_environment_setting_is_refused_before_anything_starts(fake_slurm, tmp_path, monkeypatch, capsys,
+                                                                     var, says):
+    """The workers inherit $ELASTIC_GLOO_NICE (launcher.runtime_threads) and $ELASTIC_CMA (migrate.cma):
+    elastic-launch reads them first."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("ELASTIC_GLOO_NICE", "99")
+    monkeypatch.setenv(var, "99")
     assert main(["--backend", "local", "--nnodes", "1"] + WORKER) == 2
     err = capsys.readouterr().err
-    assert err.startswith("elastic-launch: error: $ELASTIC_GLOO_NICE must be a whole number from 0") and "'99'" in err
+    assert err.startswith(f"elastic-launch: error: {says}") and "'99'" in err
     assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []
 
 

@@ -1,7 +1,8 @@
 """The reference worker (python -m launcher.worker) on the runtime API: two real worker processes of one
 job given different model flags. The first one's model is the job's; the second exits with status 2 and
 one line that names both models and says to give every worker the same flags, before it trains. A worker
-given an $ELASTIC_GLOO_NICE it cannot use (launcher.runtime_threads) exits the same way, before it says hello."""
+given an $ELASTIC_GLOO_NICE (launcher.runtime_threads) or $ELASTIC_CMA (migrate.cma) it cannot use exits the
+same way, before it says hello."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from launcher import control as C
 
@@ -42,10 +45,14 @@ def test_a_worker_whose_model_flags_differ_is_refused_with_one_line(tmp_path: Pa
         first.wait()
 
 
-def test_a_worker_given_a_bad_gloo_niceness_is_refused_with_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("var,value,says", [
+    ("ELASTIC_GLOO_NICE", "lowest", "$ELASTIC_GLOO_NICE must be a whole number from 0"),
+    ("ELASTIC_CMA", "lowest", "$ELASTIC_CMA must be 1"),
+])
+def test_a_worker_given_a_bad_environment_setting_is_refused_with_one_line(tmp_path: Path, var, value, says) -> None:
     ctl = C.Control("127.0.0.1", 0, server=True)
-    worker = _worker(ctl, 0, 4, tmp_path, ELASTIC_GLOO_NICE="lowest")
+    worker = _worker(ctl, 0, 4, tmp_path, **{var: value})
     assert worker.wait(timeout=120) == 2
     err = (tmp_path / "dev0.err").read_text().strip().splitlines()
-    assert len(err) == 1 and "$ELASTIC_GLOO_NICE must be a whole number from 0" in err[0] and "'lowest'" in err[0], err
+    assert len(err) == 1 and says in err[0] and f"'{value}'" in err[0], err
     assert ctl.model() is None and not ctl.hellos([0])  # refused before it said hello or offered its model
