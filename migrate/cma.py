@@ -8,14 +8,17 @@ migrate.transfer uses it for every message between two processes of one host tha
 packing (`Exchange`): the sender hands the receiver a description of its view (`describe`: address,
 contiguous block, strides), the receiver reads it into the buffer it would have received into, and
 says when it is done, so the sender's memory stays untouched until then. A strided view (a column
-slice of a row-parallel weight) is read as a list of runs.
+slice of a row-parallel weight) would be read as hundreds of short runs, and the kernel walks the
+other process's page tables once per run (0.8 GB/s for runs of 384 bytes against 5 for one block):
+in safe mode its sender writes (`write`) its contiguous staging copy into the receiver's new tensor
+instead, where the receiver's side of it is contiguous.
 
 Whether two processes may: same kernel boot, same PID namespace, same user, and both able to
 (`capable`: not turned off with $ELASTIC_CMA=0, the syscall is allowed, Yama's ptrace_scope is 0 or
 absent: under 1, a process reads only its own descendants, and workers are siblings). The sender
 hands its `identity` to the receiver with the descriptions, and the receiver answers whether it reads
 (`readable`, symmetric); a pair that may not uses the sockets as before. Everything here is pure but
-`read`, the one copy, and the probes of this process's own abilities.
+`read` and `write`, the one copy, and the probes of this process's own abilities.
 """
 from __future__ import annotations
 
@@ -47,9 +50,11 @@ class _IOVec(ctypes.Structure):
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _readv = getattr(_libc, "process_vm_readv", None)
-if _readv is not None:
-    _readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-    _readv.restype = ctypes.c_ssize_t
+_writev = getattr(_libc, "process_vm_writev", None)
+for _f in (_readv, _writev):
+    if _f is not None:
+        _f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+        _f.restype = ctypes.c_ssize_t
 
 
 def _ptrace_scope() -> int:
@@ -158,3 +163,17 @@ def read(pid: int, into, desc: list[int]) -> None:
             raise OSError(err, f"reading {n} bytes of process {pid}: "
                                f"{os.strerror(err) if got < 0 else f'only {got} read'}")
         done += n
+
+
+def write(pid: int, src, addr: int) -> None:
+    """Write contiguous tensor `src` to address `addr` of process `pid` (a contiguous buffer there that
+    holds exactly its bytes); OSError that names the cause when the kernel refuses."""
+    n = src.numel() * src.element_size()
+    if n == 0:
+        return
+    local, remote = _IOVec(src.data_ptr(), n), _IOVec(addr, n)
+    got = _writev(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if got != n:
+        err = ctypes.get_errno()
+        raise OSError(err, f"writing {n} bytes into process {pid}: "
+                           f"{os.strerror(err) if got < 0 else f'only {got} written'}")

@@ -16,6 +16,10 @@ message with a key that both of its ends give alike; `run` then moves it. Why it
   the order of their keys, all of a window at once, and waits for it before posting the next. Every
   process uses the same order, so the globally first pending message is always posted at both ends
   and the transfer always advances; a process never waits for a round it takes no part in.
+* Through memory, not sockets, between processes of one host (migrate.cma, `_Reads`): a receiver
+  reads an unpacked message straight out of its sender's memory (one copy instead of a socket's two,
+  no I/O thread), or in safe mode a sender writes a strided one into the receiver's contiguous new
+  tensor; each pair agrees at the start of a run, and one that may not keeps the sockets.
 * Release early (optional): an old tensor ("owner") is handed to `release` once every use of it is
   done and its receivers confirmed, with xxh3 digests of what arrived (migrate.checksum), that the
   new copy equals what was sent; an owner no message or copy uses is released at once (another
@@ -58,8 +62,9 @@ class TransferError(RuntimeError):
 #: tag of the digest confirmations, apart from the data's (gloo matches messages per pair and tag, in order)
 ACK_TAG = 7
 #: tags of cross-memory reads (migrate.cma): a sender's descriptions of its views, the receiver's answer
-#: (it reads them or not) and its "done" (one tag each: a pair's two directions carry them at once)
-DESC_TAG, ANSWER_TAG, DONE_TAG = 8, 9, 10
+#: (it reads them or not), its "done", and the sender's "written" (one tag each: a pair's two directions
+#: carry them at once)
+DESC_TAG, ANSWER_TAG, DONE_TAG, WRITTEN_TAG = 8, 9, 10, 11
 #: int64 slots of one view's description: address, block, k, then up to 8 (count, stride)
 DESC_SLOTS = 3 + 2 * 8
 
@@ -92,6 +97,7 @@ class _Message:
     temp: int  # bytes of staging or contiguous copy it needs
     owners: set = field(default_factory=set)
     cma: bool = False  # read by the receiver straight from the sender's memory (migrate.cma)
+    push: int = 0  # instead written by the sender into the receiver's memory: there, at this address
 
 
 @dataclass
@@ -104,7 +110,8 @@ class TransferStats:
     staging_bytes: int = 0
     final_digest_s: float = 0.0  # seconds spent digesting direct messages' new tensors after the last window
     staging_fresh: int = 0  # staging bytes allocated during the run (the buffers given ahead were too small)
-    cma_bytes: int = 0  # of bytes_sent + bytes_received, those read across processes' memory (migrate.cma)
+    cma_bytes: int = 0  # of bytes_sent + bytes_received, those moved through processes' memory (migrate.cma)
+    cma_written: int = 0  # of cma_bytes, those the sender wrote (strided at the sender, contiguous at the receiver)
 
 
 def _bytes(t: torch.Tensor) -> int:
@@ -237,7 +244,7 @@ class Exchange:
         acks = _Acks(self.group)  # release mode: confirmations of what arrived
         reads = None
         try:
-            reads = _Reads(self.group, self._msgs if self._may_read() else [])
+            reads = _Reads(self.group, self._msgs if self._may_read() else [], push=self.release is None)
             for i, window in enumerate(windows):
                 if on_window is not None:
                     on_window(i)
@@ -299,7 +306,7 @@ class Exchange:
         digest = self.digests or self.release is not None
         for m in window:
             if m.outgoing:
-                if m.cma and not digest:  # the receiver reads the view itself
+                if m.cma and not m.push and not digest:  # the receiver reads the view itself
                     buf = None
                 elif m.temp:  # packed small pieces, or a strided view: one contiguous copy
                     buf = staging_out[off_out:off_out + m.nbytes]
@@ -325,16 +332,21 @@ class Exchange:
                     buf = _flat(m.pieces[0].tensor)
                     unpack.append((m, None))
                 if m.cma:
-                    read.append((m, buf))
+                    if not m.push:  # else the sender writes it
+                        read.append((m, buf))
                 else:
                     ops.append(dist.irecv(buf, group=self.group, group_src=m.peer))
                 self.stats.bytes_received += m.nbytes
             self.stats.messages += 1
             if m.cma:
                 self.stats.cma_bytes += m.nbytes
+                self.stats.cma_written += m.nbytes if m.push else 0
         if digest:  # the sender's digests, from the bytes on their way (in flight meanwhile)
             for m, buf in sent:
                 self.sent[m.key] = unit_digest(buf)
+        for m, buf in sent:
+            if m.push:
+                reads.write(m, buf)
         for m, buf in read:  # while the socket messages are in flight
             reads.read(m, buf)
         for op in ops:
@@ -478,17 +490,23 @@ class _Acks:
 
 
 class _Reads:
-    """One run's cross-memory reads (migrate.cma), agreed per pair of processes at the start. A sender
-    hands each peer it sends unpacked messages to its `identity` and a description of every such view,
-    in key order (both ends order them alike); the receiver decides whether it may read that peer
-    (migrate.cma.readable) and says so; from then on both ends treat that pair's unpacked messages
-    alike: read from the sender's memory, or sent over the socket. At the end every reader tells each
-    peer it read that it is done, and a sender waits for that before it returns: its memory is left
-    untouched until then (in safe mode the old state lives on anyway, with release early an old tensor
-    goes only once its reader confirmed what it read). Every message posted before any wait: free of
-    deadlock, and a process that takes no part in a pair's messages takes none in its handshake."""
+    """One run's cross-memory reads and writes (migrate.cma), agreed per pair of processes at the start.
+    A sender hands each peer it sends unpacked messages to its `identity` and a description of every
+    such view, in key order (both ends order them alike); the receiver decides whether it may read that
+    peer (migrate.cma.readable) and answers, with its pid; from then on both ends treat that pair's
+    unpacked messages alike: through memory, or over the socket. Through memory the receiver reads a
+    view, but one whose source is strided (a column slice: runs of a few hundred bytes, each of which
+    costs the kernel a page walk in the other process) lands in a contiguous new tensor (`push`, safe
+    mode: the new tensors exist from the start): the receiver answers that tensor's address instead,
+    and the sender writes its contiguous staging copy there. At the end a reader tells each peer it read
+    that it is done, and a sender that wrote tells each peer it wrote to; each waits for what it is
+    owed before it returns: a sender's memory is left untouched until its readers are done (in safe
+    mode the old state lives on anyway, with release early an old tensor goes only once its reader
+    confirmed what it read), and a receiver digests its new tensors only once they are written. Every
+    message posted before any wait: free of deadlock, and a process that takes no part in a pair's
+    messages takes none in its handshake."""
 
-    def __init__(self, group, msgs: list[_Message]) -> None:
+    def __init__(self, group, msgs: list[_Message], push: bool) -> None:
         self.group = group
         me = cma.identity()
         outgoing: dict[int, list[_Message]] = {}
@@ -496,7 +514,7 @@ class _Reads:
         for m in msgs:
             if m.key[0] == 1:  # packed messages stay on the socket
                 (outgoing if m.outgoing else incoming).setdefault(m.peer, []).append(m)
-        self._sent: list[tuple[object, torch.Tensor]] = []  # descriptions, answers and done flags on their way
+        self._sent: list[tuple[object, torch.Tensor]] = []  # descriptions, answers and flags on their way
         answers: dict[int, tuple[object, torch.Tensor]] = {}
         for peer, ms in outgoing.items():
             values = list(me)
@@ -508,36 +526,51 @@ class _Reads:
                 values += d + [0] * (DESC_SLOTS - len(d))
             desc = torch.tensor(values, dtype=torch.int64)
             self._sent.append((dist.isend(desc, group=group, group_dst=peer, tag=DESC_TAG), desc))
-            box = torch.zeros(1, dtype=torch.int64)
+            box = torch.zeros(2 + len(ms), dtype=torch.int64)  # [may, pid, where to write each or 0]
             answers[peer] = (dist.irecv(box, group=group, group_src=peer, tag=ANSWER_TAG), box)
         descs = {}
         for peer, ms in incoming.items():
             box = torch.zeros(len(me) + len(ms) * DESC_SLOTS, dtype=torch.int64)
             descs[peer] = (dist.irecv(box, group=group, group_src=peer, tag=DESC_TAG), box)
-        self.pids: dict[int, int] = {}  # the peers this process reads, with their pids
+        self.pids: dict[int, int] = {}  # the peers this process reads or writes, with their pids
         self._queue: dict[int, list[list[int]]] = {}
+        self._owed: dict[int, tuple[object, torch.Tensor]] = {}  # peer -> the posted receive of its "written"
         for peer, (req, box) in descs.items():  # as a receiver: decide, answer
             req.wait()
             values = box.tolist()
             them, rows = values[:len(me)], values[len(me):]
             ok = cma.readable(me, them)
-            answer = torch.tensor([int(ok)], dtype=torch.int64)
-            self._sent.append((dist.isend(answer, group=group, group_dst=peer, tag=ANSWER_TAG), answer))
+            answer = [int(ok), me[-1]] + [0] * len(incoming[peer])
             if ok:
                 self.pids[peer] = them[-1]
-                cut = [rows[i:i + DESC_SLOTS] for i in range(0, len(rows), DESC_SLOTS)]
-                self._queue[peer] = [row[:3 + 2 * row[2]] for row in reversed(cut)]
-                for m in incoming[peer]:
+                queue = []
+                for i, m in enumerate(incoming[peer]):
+                    row = rows[i * DESC_SLOTS:(i + 1) * DESC_SLOTS]
                     m.cma = True
+                    if push and row[2] and not m.temp:  # strided there, contiguous here: written by the sender
+                        m.push = answer[2 + i] = m.pieces[0].tensor.data_ptr()
+                    else:
+                        queue.append(row[:3 + 2 * row[2]])
+                self._queue[peer] = queue[::-1]
+                if any(m.push for m in incoming[peer]):
+                    flag = torch.zeros(1, dtype=torch.int64)
+                    self._owed[peer] = (dist.irecv(flag, group=group, group_src=peer, tag=WRITTEN_TAG), flag)
+            answer = torch.tensor(answer, dtype=torch.int64)
+            self._sent.append((dist.isend(answer, group=group, group_dst=peer, tag=ANSWER_TAG), answer))
         self._done: dict[int, tuple[object, torch.Tensor]] = {}  # peer -> the posted receive of its "done"
+        self._written: list[int] = []  # the peers to tell "written"
         for peer, (req, box) in answers.items():  # as a sender: learn the answer
             req.wait()
-            if int(box[0]):
-                for m in outgoing[peer]:
-                    m.cma = True
+            values = box.tolist()
+            if values[0]:
+                self.pids[peer] = values[1]
+                for m, where in zip(outgoing[peer], values[2:]):
+                    m.cma, m.push = True, where
                 done = torch.zeros(1, dtype=torch.int64)
                 self._done[peer] = (dist.irecv(done, group=group, group_src=peer, tag=DONE_TAG), done)
-        self._readers = list(self.pids)  # the peers to tell "done"
+                if any(values[2:]):
+                    self._written.append(peer)
+        self._readers = list(descs.keys() & self.pids.keys())  # the peers to tell "done"
 
     def read(self, m: _Message, into: torch.Tensor) -> None:
         """Read message `m` from its sender's memory into contiguous `into` (messages of a peer in key order)."""
@@ -547,24 +580,35 @@ class _Reads:
             raise TransferError(f"could not read the memory of rank {m.peer} (pid {self.pids[m.peer]}): {exc}; "
                                 f"set ${cma.ENV_CMA}=0 to move every message over sockets") from exc
 
+    def write(self, m: _Message, buf: torch.Tensor) -> None:
+        """Write message `m`'s contiguous bytes `buf` where its receiver answered."""
+        try:
+            cma.write(self.pids[m.peer], buf, m.push)
+        except OSError as exc:
+            raise TransferError(f"could not write into the memory of rank {m.peer} (pid {self.pids[m.peer]}): "
+                                f"{exc}; set ${cma.ENV_CMA}=0 to move every message over sockets") from exc
+
     def _tell(self, flag: int) -> list:
         told = []
-        for peer in self._readers:
-            box = torch.tensor([flag], dtype=torch.int64)
-            told.append((dist.isend(box, group=self.group, group_dst=peer, tag=DONE_TAG), box))
-        self._readers = []
+        for peers, tag in ((self._readers, DONE_TAG), (self._written, WRITTEN_TAG)):
+            for peer in peers:
+                box = torch.tensor([flag], dtype=torch.int64)
+                told.append((dist.isend(box, group=self.group, group_dst=peer, tag=tag), box))
+        self._readers, self._written = [], []
         self._sent += told
         return told
 
     def finish(self) -> None:
-        """Tell every peer read that this process is done with its memory; wait until every reader of
-        this process's memory says the same."""
+        """Tell every peer read that this process is done with its memory, and every peer written to
+        that it is written; wait until every reader of this process's memory is done, and every writer
+        into it has written."""
         self._tell(0)
-        for peer, (req, box) in self._done.items():
-            req.wait()
-            if int(box[0]):
-                raise TransferError(f"rank {peer} could not read this process's memory (see its log)")
-        self._done.clear()
+        for owed, what in ((self._owed, "write into"), (self._done, "read")):
+            for peer, (req, box) in owed.items():
+                req.wait()
+                if int(box[0]):
+                    raise TransferError(f"rank {peer} could not {what} this process's memory (see its log)")
+            owed.clear()
         for req, _t in self._sent:
             req.wait()
         self._sent.clear()

@@ -40,8 +40,13 @@ def main() -> None:
     while job.next_step(until=args.steps):
         if args.gc_file:  # what the garbage collector may walk during this step (launcher.runtime_gc)
             with open(args.gc_file, "a") as f:
-                tids = gloo_threads()
-                low, every = sum(thread_nice(t) >= DEFAULT_NICE for t in tids), len(tids)
+                nices = []
+                for t in gloo_threads():
+                    try:
+                        nices.append(thread_nice(t))
+                    except ProcessLookupError:  # ended since the listing (a destroyed group's thread)
+                        continue
+                low, every = sum(n >= DEFAULT_NICE for n in nices), len(nices)
                 f.write(f"{os.getpid()} {job.migrations} {job.step} {gc.get_freeze_count()} {low}/{every}\n")
         with job.guard():
             loss = train_step(job, MODEL, tc)  # the reference trainer's step (PP schedule, TP, DP sum)

@@ -94,7 +94,19 @@ def test_this_machine_can_read_a_peer() -> None:
     assert cma.capable({})
 
 
-def _moves(proc: int, port: int, q, off: tuple[int, ...], fail: tuple[int, ...]) -> None:
+#: tp2 on processes 0 and 1 -> tp1 on 1 and 2: 0 sends to 1 and 2, 1 copies and sends to 2; the
+#: row-parallel weight's halves land in strided places (read into staging)
+SHRINK = [(2, [0, 1]), (1, [1, 2])]
+#: tp1 on process 0 -> tp2 on 1 and 2: the row-parallel weight leaves as strided column slices into
+#: contiguous new tensors (written by the sender in safe mode)
+SPLIT = [(1, [0]), (2, [1, 2])]
+
+
+def _refuse(*_args):
+    raise OSError(1, "Operation not permitted")
+
+
+def _moves(proc: int, port: int, q, off: tuple[int, ...], fail: tuple[int, ...], steps=SHRINK, **kw) -> None:
     import torch.distributed as dist
 
     from migrate.transfer import TransferError
@@ -102,16 +114,14 @@ def _moves(proc: int, port: int, q, off: tuple[int, ...], fail: tuple[int, ...])
     if proc in off:
         os.environ[cma.ENV_CMA] = "0"
     if proc in fail:
-        def refuse(pid, into, desc):
-            raise OSError(1, "Operation not permitted")
-        cma.read = refuse
+        cma.read = cma.write = _refuse
     tt._init(proc, port)
     full = tt.full_tensors()
-    steps = [(2, [0, 1]), (1, [1, 2])]  # 0 sends to 1 and 2, 1 copies and sends to 2; strided pieces too
-    old = tt.layout(2)[proc] if proc in (0, 1) else None
+    first = tt.layout(steps[0][0])
+    old = first[steps[0][1].index(proc)] if proc in steps[0][1] else None
     state = {e.fqn: cut(full[e.fqn], e).clone() for e in old.entries} if old else {}
     try:
-        (m, new, _old), = tt._move(proc, steps, full, state)
+        (m, new, _old), = tt._move(proc, steps, full, state, **kw)
     except TransferError as exc:
         intact = old is None or all(torch.equal(state[e.fqn], cut(full[e.fqn], e)) for e in old.entries)
         q.put((proc, (f"failed: {str(exc)[:60]}", intact)))
@@ -123,30 +133,30 @@ def _moves(proc: int, port: int, q, off: tuple[int, ...], fail: tuple[int, ...])
         os._exit(0)
     exact = m is None or all(torch.equal(new[e.fqn], cut(full[e.fqn], e)) for e in m.entries)
     s = new.stats
-    q.put((proc, (exact, s.cma_bytes, s.bytes_sent + s.bytes_received)))
+    q.put((proc, (exact, s.cma_bytes, s.bytes_sent + s.bytes_received, s.cma_written)))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _run(off: tuple[int, ...] = (), fail: tuple[int, ...] = ()) -> dict:
+def _run(off: tuple[int, ...] = (), fail: tuple[int, ...] = (), **kw) -> dict:
     from functools import partial
 
     from tests.migrate.spawned import run_spawned
 
-    return run_spawned(partial(_moves, off=off, fail=fail), 3)
+    return run_spawned(partial(_moves, off=off, fail=fail, **kw), 3)
 
 
 def test_processes_of_one_host_read_every_unpacked_message_from_each_other() -> None:
     got = _run()
-    assert all(exact for exact, _c, _t in got.values())
+    assert all(exact for exact, *_ in got.values())
     # every byte but the packed small pieces' (biases, norms: under 64 KiB a pair) is read, none sent
-    for proc, (_e, read, total) in got.items():
-        assert 0.9 * total < read < total, (proc, read, total)
+    for proc, (_e, read, total, written) in got.items():
+        assert 0.9 * total < read < total and written == 0, (proc, read, total)
 
 
 def test_a_process_with_reads_turned_off_gets_and_gives_everything_over_sockets() -> None:
     got = _run(off=(1,))
-    assert all(exact for exact, _c, _t in got.values())
+    assert all(exact for exact, *_ in got.values())
     assert got[1][1] == 0  # process 1: nothing read, by it or from it
     assert 0 < got[0][1] < got[0][2] and 0 < got[2][1] < got[2][2]  # 0 -> 2 still read
 
@@ -156,4 +166,28 @@ def test_a_read_the_kernel_refuses_fails_the_transfer_at_both_ends_and_keeps_the
     assert got[2][0].startswith("failed: could not read the memory of rank"), got
     for proc in (0, 1):  # the processes it read: told, not left waiting
         assert got[proc][0].startswith("failed: rank 2 could not read this process's memory"), got
+    assert all(intact for _msg, intact in got.values())
+
+
+def test_strided_sources_are_written_by_their_sender_into_contiguous_new_tensors() -> None:
+    got = _run(steps=SPLIT)
+    assert all(exact for exact, *_ in got.values())
+    (_e, moved0, total0, written0), (_e1, moved1, _t1, written1), (_e2, moved2, _t2, written2) = (
+        got[0], got[1], got[2])
+    assert 0 < written0 < moved0 < total0  # the column slices written, the rest read, the small ones packed
+    assert written0 == written1 + written2 and written1 > 0 and written2 > 0
+
+
+def test_with_release_early_strided_sources_are_read_instead() -> None:
+    """Release early makes new tensors only when their window comes: none exists to write into ahead."""
+    got = _run(steps=SPLIT, release_early=True, window_bytes=8 << 10)
+    assert all(exact for exact, *_ in got.values())
+    assert all(written == 0 and moved > 0 for _e, moved, _t, written in got.values() if _t), got
+
+
+def test_a_write_the_kernel_refuses_fails_the_transfer_at_both_ends_and_keeps_the_old_state() -> None:
+    got = _run(steps=SPLIT, fail=(0,))
+    assert got[0][0].startswith("failed: could not write into the memory of rank"), got
+    for proc in (1, 2):
+        assert got[proc][0].startswith("failed: rank 0 could not write into this process's memory"), got
     assert all(intact for _msg, intact in got.values())
