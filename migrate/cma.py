@@ -144,36 +144,38 @@ def runs(desc: list[int]) -> np.ndarray:
 def read(pid: int, into, desc: list[int]) -> None:
     """Read the view `desc` (describe) of process `pid` into contiguous tensor `into`, which must hold
     exactly its bytes; OSError that names the cause when the kernel refuses or the sizes differ."""
+    got_bytes = into.numel() * into.element_size()
+    if desc[2] == 0:  # one block, as most messages are: one call, no table
+        if desc[1] != got_bytes:
+            raise OSError(f"process {pid} describes {desc[1]} bytes where {got_bytes} are expected")
+        if got_bytes:
+            _call(_readv, pid, _IOVec(into.data_ptr(), got_bytes), ctypes.byref(_IOVec(desc[0], got_bytes)), 1,
+                  got_bytes, "reading", "of")
+        return
     table = runs(desc)
     want = int(table[:, 1].sum()) if len(table) else 0
-    got_bytes = into.numel() * into.element_size()
     if want != got_bytes:
         raise OSError(f"process {pid} describes {want} bytes where {got_bytes} are expected")
-    base = into.data_ptr()
-    done = 0
+    base, done = into.data_ptr(), 0
     for lo in range(0, len(table), IOV_MAX):
         part = np.ascontiguousarray(table[lo:lo + IOV_MAX])
         n = int(part[:, 1].sum())
-        if n == 0:
-            continue
-        local = _IOVec(base + done, n)
-        got = _readv(pid, ctypes.byref(local), 1, part.ctypes.data, len(part), 0)
-        if got != n:
-            err = ctypes.get_errno()
-            raise OSError(err, f"reading {n} bytes of process {pid}: "
-                               f"{os.strerror(err) if got < 0 else f'only {got} read'}")
+        if n:
+            _call(_readv, pid, _IOVec(base + done, n), part.ctypes.data, len(part), n, "reading", "of")
         done += n
+
+
+def _call(fn, pid: int, local: _IOVec, remote, nremote: int, n: int, doing: str, prep: str) -> None:
+    got = fn(pid, ctypes.byref(local), 1, remote, nremote, 0)
+    if got != n:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{doing} {n} bytes {prep} process {pid}: "
+                           f"{os.strerror(err) if got < 0 else f'only {got} done'}")
 
 
 def write(pid: int, src, addr: int) -> None:
     """Write contiguous tensor `src` to address `addr` of process `pid` (a contiguous buffer there that
     holds exactly its bytes); OSError that names the cause when the kernel refuses."""
     n = src.numel() * src.element_size()
-    if n == 0:
-        return
-    local, remote = _IOVec(src.data_ptr(), n), _IOVec(addr, n)
-    got = _writev(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-    if got != n:
-        err = ctypes.get_errno()
-        raise OSError(err, f"writing {n} bytes into process {pid}: "
-                           f"{os.strerror(err) if got < 0 else f'only {got} written'}")
+    if n:
+        _call(_writev, pid, _IOVec(src.data_ptr(), n), ctypes.byref(_IOVec(addr, n)), 1, n, "writing", "into")
