@@ -67,6 +67,11 @@ ACK_TAG = 7
 DESC_TAG, ANSWER_TAG, DONE_TAG, WRITTEN_TAG = 8, 9, 10, 11
 #: int64 slots of one view's description: address, block, k, then up to 8 (count, stride)
 DESC_SLOTS = 3 + 2 * 8
+#: new tensors this process told a peer to write into, not yet confirmed written: a run that fails
+#: leaves them here, so that a writer still at work never writes into memory given to something else.
+#: The next run lets them go: a runtime starts a migration only once every participant of the last
+#: one has reported or died, so no writer of a failed run is still writing by then.
+AWAITED_WRITES: list[torch.Tensor] = []
 
 
 @dataclass
@@ -243,6 +248,7 @@ class Exchange:
         self.stats.staging_bytes, self.stats.staging_fresh = temp_in + temp_out, fresh_in + fresh_out
         acks = _Acks(self.group)  # release mode: confirmations of what arrived
         reads = None
+        AWAITED_WRITES.clear()
         try:
             reads = _Reads(self.group, self._msgs if self._may_read() else [], push=self.release is None)
             for i, window in enumerate(windows):
@@ -502,7 +508,8 @@ class _Reads:
     that it is done, and a sender that wrote tells each peer it wrote to; each waits for what it is
     owed before it returns: a sender's memory is left untouched until its readers are done (in safe
     mode the old state lives on anyway, with release early an old tensor goes only once its reader
-    confirmed what it read), and a receiver digests its new tensors only once they are written. Every
+    confirmed what it read), and a receiver digests its new tensors only once they are written; one that
+    fails keeps the tensors it offered to writers alive (`AWAITED_WRITES`) until its next run. Every
     message posted before any wait: free of deadlock, and a process that takes no part in a pair's
     messages takes none in its handshake."""
 
@@ -548,6 +555,7 @@ class _Reads:
                     row = rows[i * DESC_SLOTS:(i + 1) * DESC_SLOTS]
                     m.cma = True
                     if push and row[2] and not m.temp:  # strided there, contiguous here: written by the sender
+                        AWAITED_WRITES.append(m.pieces[0].tensor)
                         m.push = answer[2 + i] = m.pieces[0].tensor.data_ptr()
                     else:
                         queue.append(row[:3 + 2 * row[2]])
@@ -609,6 +617,7 @@ class _Reads:
                 if int(box[0]):
                     raise TransferError(f"rank {peer} could not {what} this process's memory (see its log)")
             owed.clear()
+        AWAITED_WRITES.clear()  # every writer has written
         for req, _t in self._sent:
             req.wait()
         self._sent.clear()

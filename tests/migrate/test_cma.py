@@ -124,7 +124,9 @@ def _moves(proc: int, port: int, q, off: tuple[int, ...], fail: tuple[int, ...],
         (m, new, _old), = tt._move(proc, steps, full, state, **kw)
     except TransferError as exc:
         intact = old is None or all(torch.equal(state[e.fqn], cut(full[e.fqn], e)) for e in old.entries)
-        q.put((proc, (f"failed: {str(exc)[:60]}", intact)))
+        from migrate.transfer import AWAITED_WRITES
+
+        q.put((proc, (f"failed: {str(exc)[:60]}", intact, len(AWAITED_WRITES))))
         q.close()
         q.join_thread()
         if proc in fail:  # up until its peers have read its "not done" (its exit would cut them off)
@@ -133,6 +135,9 @@ def _moves(proc: int, port: int, q, off: tuple[int, ...], fail: tuple[int, ...],
         os._exit(0)
     exact = m is None or all(torch.equal(new[e.fqn], cut(full[e.fqn], e)) for e in m.entries)
     s = new.stats
+    from migrate.transfer import AWAITED_WRITES
+
+    assert not AWAITED_WRITES  # every write confirmed: nothing held
     q.put((proc, (exact, s.cma_bytes, s.bytes_sent + s.bytes_received, s.cma_written)))
     dist.barrier()
     dist.destroy_process_group()
@@ -166,7 +171,7 @@ def test_a_read_the_kernel_refuses_fails_the_transfer_at_both_ends_and_keeps_the
     assert got[2][0].startswith("failed: could not read the memory of rank"), got
     for proc in (0, 1):  # the processes it read: told, not left waiting
         assert got[proc][0].startswith("failed: rank 2 could not read this process's memory"), got
-    assert all(intact for _msg, intact in got.values())
+    assert all(intact for _msg, intact, _held in got.values())
 
 
 def test_strided_sources_are_written_by_their_sender_into_contiguous_new_tensors() -> None:
@@ -190,4 +195,5 @@ def test_a_write_the_kernel_refuses_fails_the_transfer_at_both_ends_and_keeps_th
     assert got[0][0].startswith("failed: could not write into the memory of rank"), got
     for proc in (1, 2):
         assert got[proc][0].startswith("failed: rank 0 could not write into this process's memory"), got
-    assert all(intact for _msg, intact in got.values())
+        assert got[proc][2] > 0  # the new tensors it gave to be written in stay alive past the failure
+    assert all(intact for _msg, intact, _held in got.values())
