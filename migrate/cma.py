@@ -118,16 +118,6 @@ def describe(t) -> list[int]:
     return out
 
 
-def split(desc: list[int]) -> list[list[int]]:
-    """Pure: a run of `describe` results, concatenated, back into one list each."""
-    out, i = [], 0
-    while i < len(desc):
-        k = desc[i + 2]
-        out.append(desc[i:i + 3 + 2 * k])
-        i += 3 + 2 * k
-    return out
-
-
 def runs(desc: list[int]) -> np.ndarray:
     """Pure: the (address, length) of every run of a described view, in order (uint64, shape (n, 2))."""
     addr, block, k = desc[0], desc[1], desc[2]
