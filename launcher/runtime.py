@@ -120,7 +120,7 @@ class Job:
         self.ckpt_dir = os.environ.get(C.ENV_CKPT_DIR) or None
         self.ckpt_every = int(os.environ.get(C.ENV_CKPT_EVERY, "0") or 0) if self.ckpt_dir else 0
         self._saved = -1  # the last step a safety checkpoint was written at
-        self._prepared: dict[int, dict] = {}  # event -> {"targets", "staging", "local"} made ahead of that reshard
+        self._prepared: dict[int, dict] = {}  # event -> {"targets", "staging", "local", "transfer"} made ahead
         self._plans: dict[int, tuple] = {}  # event -> this process's plan of that reshard (the latest only)
         self.fault = runtime_faults.fault_for(device)  # $ELASTIC_FAULT (tests)
         self.safety = runtime_ckpt.Safety(self.ckpt_dir, self.log, self.fault)  # background safety checkpoints
@@ -425,8 +425,11 @@ class Job:
         --release-early only a joining worker does (plan_targets). The transfer layer's staging buffers
         (strided and packed pieces) are made here too, in both modes. Every participant plans the reshard
         here, a worker that only sends too (a shrink's leavers planned it inside the pause: 2.1 s of the
-        6.6 s pause of pp6tp4 -> pp4tp2, 16 of them on 2 cores)."""
-        from migrate.reshard import allocate_staging, allocate_targets, plan_local, plan_staging, plan_targets
+        6.6 s pause of pp6tp4 -> pp4tp2, 16 of them on 2 cores), and builds its whole transfer over its
+        state of now (migrate.reshard.prepare_transfer: views cut, messages bound and described), which
+        the pause runs if the tensors are still the same ones (in-place optimizer steps keep them)."""
+        from migrate.reshard import (allocate_staging, allocate_targets, plan_local, plan_staging, plan_targets,
+                                     prepare_transfer)
 
         e = ev["epoch"]
         if ev.get("kind") != "reshard" or self.device not in ev["participants"]:
@@ -441,6 +444,17 @@ class Job:
         staging = allocate_staging(plan_staging(transfers, old_rank, new_rank, old_m, new_m, early))
         local = plan_local(transfers, old_rank, new_rank, old_m, new_m)
         self._prepared[e] = {"targets": targets, "staging": staging, "local": local}
+        if early and old_rank is not None and new_rank is not None:
+            return  # built in the pause: building it allocates the new tensors it copies into, memory comes first
+        held = {} if old_rank is None else _export_local(self.model, self.optimizer) if self.model is not None \
+            else (self._kept or {}).get("local")
+        if held is None:
+            return
+        try:  # over the tensors of now: the pause moves the same ones when steps update them in place
+            self._prepared[e]["transfer"] = prepare_transfer(transfers, old_rank, new_rank, held, old_m, new_m,
+                                                             early, targets=targets, staging=staging, local=local)
+        except KeyError as exc:  # the old state lacks a piece for now (no optimizer step yet): built in the pause
+            self.log(f"event {e}: transfer not prepared ahead ({exc!r} not held yet)")
 
     def _plan_reshard(self, ev: dict) -> tuple:
         """This process's view of reshard event `ev` (pure): the surviving old ranks, its old and new rank
@@ -522,13 +536,14 @@ class Job:
                              old_ms[old_rank] if old_rank is not None else None,
                              new_ms[new_rank] if new_rank is not None else None, procs_old, procs_new,
                              release_early=release_early, targets=prepared.get("targets"), verify=True,
-                             on_window=on_window, staging=prepared.get("staging"), local=prepared.get("local"))
+                             on_window=on_window, staging=prepared.get("staging"), local=prepared.get("local"),
+                             prepared=prepared.get("transfer"))
             t2 = time.perf_counter()
             self.ctl.mark("moved")
             st = result.stats
             self.log(f"event {e}: sent {st.bytes_sent / 1e6:.1f} MB, received {st.bytes_received / 1e6:.1f} MB in "
                      f"{st.messages} messages ({st.cma_bytes / 1e6:.1f} MB read across processes' memory), "
-                     f"{st.windows} windows; transfer {result.phases.get('transfer', 0):.3f} s, "
+                     f"{st.windows} windows ({'built ahead' if result.built_ahead else 'built in the pause'}); transfer {result.phases.get('transfer', 0):.3f} s, "
                      f"verify {result.phases.get('verify', 0):.3f} s (digests of what landed {st.final_digest_s:.3f} s), "
                      f"cpu user {os.times().user - cpu0.user:.3f} s, sys {os.times().system - cpu0.system:.3f} s")
             runtime_faults.die_at(self.fault, "commit", None, self.log)

@@ -104,20 +104,24 @@ def _once(device: int, job: dict, profile: bool):
         run = lambda: DeviceExecutor(p, device, state if old_rank is not None else None, None,  # noqa: E731
                                      job["window"], None, release, targets).run()
     else:
-        from migrate.reshard import allocate_staging, allocate_targets, execute, plan_local, plan_staging, plan_targets
+        from migrate.reshard import (allocate_staging, allocate_targets, execute, plan_local, plan_staging,
+                                     plan_targets, prepare_transfer)
 
         local = {f"{k}.{name}": t for (k, name), t in old.items()}
         old = None
         old_ms, new_ms, transfers = job["manifests"]
         om = old_ms[old_rank] if old_rank is not None else None
         nm = new_ms[new_rank] if new_rank is not None else None
-        # targets, staging and this process's part made ahead (before the pause in a real migration), as a worker
+        # targets, staging, this process's part and its transfer made ahead (before the pause in a real migration),
+        # as a worker
         targets = allocate_targets(plan_targets(transfers, old_rank, new_rank, om, nm, release))
         staging = allocate_staging(plan_staging(transfers, old_rank, new_rank, om, nm, release))
         part = plan_local(transfers, old_rank, new_rank, om, nm)
+        ready = prepare_transfer(transfers, old_rank, new_rank, local, om, nm, release, targets=targets,
+                                 verify=job["verify"], staging=staging, local=part)
         run = lambda: execute(transfers, old_rank, new_rank, local, om, nm,  # noqa: E731
                               list(p.prev.devices), list(p.curr.devices), release_early=release,
-                              targets=targets, verify=job["verify"], staging=staging, local=part)
+                              targets=targets, verify=job["verify"], staging=staging, local=part, prepared=ready)
     dist.barrier()
     prof = _profiler(device) if profile else None
     t0, c0 = time.perf_counter(), time.process_time()

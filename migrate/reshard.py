@@ -251,7 +251,8 @@ class Resharded(dict):
 
     `units_verified`: transferred pieces whose digests matched at both ends (0 unless verify);
     `kept`: FQNs taken unchanged from the old state (the very tensors); `phases`: seconds of
-    "transfer" and "verify"; `stats`: migrate.transfer.TransferStats."""
+    "transfer" and "verify"; `stats`: migrate.transfer.TransferStats; `built_ahead`: whether the
+    transfer ran as prepared before the pause (prepare_transfer)."""
 
     def __init__(self, tensors: Mapping[str, object] | None = None) -> None:
         super().__init__(tensors or {})
@@ -259,17 +260,111 @@ class Resharded(dict):
         self.kept: frozenset[str] = frozenset()
         self.phases: dict[str, float] = {}
         self.stats = None
+        self.built_ahead = False
 
 
 def _key(tr: Transfer) -> tuple:
     return (tr.fqn, tr.dst, tr.src, -1 if tr.dim is None else tr.dim, tr.lo, tr.hi)
 
 
+class PreparedTransfer:
+    """This process's transfer built ahead of the pause (`prepare_transfer`): the transfer layer's
+    messages cut, bound to their views and described, over the old tensors a runtime will move and the
+    new tensors allocated ahead. `execute(..., prepared=...)` runs it when the old state it is given is
+    still those very tensors (same memory, shape, strides, dtype; in-place optimizer steps keep them),
+    and otherwise builds the transfer anew inside the pause."""
+
+    def __init__(self, exchange, result: "Resharded", target, old: Mapping[str, tuple]) -> None:
+        self.exchange, self.result, self.target = exchange, result, target
+        self.old = dict(old)  # fqn -> (address, shape, strides, dtype) of the old tensor it cut views of
+        self.old_state: MutableMapping[str, object] = {}  # the state `execute` runs it on (release early)
+
+    def matches(self, old_state: Mapping[str, object]) -> bool:
+        """Whether `old_state` holds the very tensors this transfer was cut from."""
+        for fqn, fingerprint in self.old.items():
+            t = old_state.get(fqn)
+            if t is None or _fingerprint(t) != fingerprint:
+                return False
+        return True
+
+
+def _fingerprint(t) -> tuple:
+    return t.data_ptr(), tuple(t.shape), t.stride(), t.dtype
+
+
+def _build(lp: LocalPlan, old_rank: int | None, new_rank: int | None, old_state: Mapping[str, object],
+           group, release_early: bool, window_bytes: int | None, targets: Mapping[str, object] | None,
+           verify: bool) -> PreparedTransfer:
+    """The transfer layer's Exchange for `lp`, peers named ("old", rank) and ("new", rank) (bound to
+    ranks in `group` by `execute`), and the result it fills."""
+    import torch
+
+    from migrate.transfer import EARLY_WINDOW_BYTES, WINDOW_BYTES, Exchange
+
+    shapes = {fqn: (shape, dtype) for fqn, shape, dtype in lp.new}
+    result = Resharded(targets)
+
+    def target(fqn: str):
+        t = result.get(fqn)
+        if t is None:
+            shape, dtype = shapes[fqn]
+            t = result[fqn] = torch.empty(shape, dtype=getattr(torch, dtype))
+        return t
+
+    used: dict[str, tuple] = {}
+
+    def old(fqn: str):
+        t = old_state[fqn]
+        used[fqn] = _fingerprint(t)
+        return t
+
+    def release(fqn: str) -> None:
+        prepared.old_state.pop(fqn, None)
+
+    ex = Exchange(group, window_bytes or (EARLY_WINDOW_BYTES if release_early else WINDOW_BYTES),
+                  release if release_early else None, digests=verify)
+    for s in lp.steps:  # in key order; the layer orders them
+        if s.op == "copy":
+            ex.copy(_cut(target(s.fqn), s.dim, s.new_at, s.length), _cut(old(s.fqn), s.dim, s.old_at, s.length), s.fqn)
+        elif s.op == "send":
+            ex.send(("new", s.dst), s.key, _cut(old(s.fqn), s.dim, s.old_at, s.length), s.fqn)
+        else:
+            ex.recv(("old", s.src), s.key, lambda s=s: _cut(target(s.fqn), s.dim, s.new_at, s.length), s.nbytes,
+                    s.whole)
+    if release_early:  # a kept tensor leaves old_state too (it lives on in the result)
+        for fqn in lp.old:
+            ex.own(fqn)
+    prepared = PreparedTransfer(ex, result, target, used)
+    prepared.old_state = old_state
+    return prepared
+
+
+def _names(old_rank: int | None, new_rank: int | None) -> tuple:
+    return ("old", old_rank), ("new", new_rank)
+
+
+def prepare_transfer(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
+                     old_state: Mapping[str, object], old_manifest: Manifest | None, new_manifest: Manifest | None,
+                     release_early: bool = False, window_bytes: int | None = None,
+                     targets: Mapping[str, object] | None = None, verify: bool = True, staging: tuple | None = None,
+                     local: LocalPlan | None = None) -> PreparedTransfer:
+    """This process's part of `transfers` built before the pause, over `old_state` as it is now (views of
+    the tensors the pause will move, no copy): give it to `execute(..., prepared=...)` with the same
+    arguments. Every view cut, every staged message bound to its staging region, every view a peer may
+    read described: what is left for the pause is moving bytes."""
+    lp = local if local is not None else plan_local(transfers, old_rank, new_rank, old_manifest, new_manifest)
+    prepared = _build(lp, old_rank, new_rank, old_state, None, release_early, window_bytes, targets, verify)
+    prepared.exchange.prepare(staging, _names(old_rank, new_rank))
+    prepared.old_state = {}  # views of the tensors of now: the pause gives its own
+    return prepared
+
+
 def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
             old_state: MutableMapping[str, object], old_manifest: Manifest | None, new_manifest: Manifest | None,
             proc_of_old: Sequence[int], proc_of_new: Sequence[int], group=None, release_early: bool = False,
             window_bytes: int | None = None, on_window=None, targets: Mapping[str, object] | None = None,
-            verify: bool = True, staging: tuple | None = None, local: LocalPlan | None = None) -> Resharded:
+            verify: bool = True, staging: tuple | None = None, local: LocalPlan | None = None,
+            prepared: PreparedTransfer | None = None) -> Resharded:
     """Run this process's part of `transfers` on the shared transfer layer (migrate.transfer);
     returns its new local tensors by FQN (a `Resharded` dict).
 
@@ -287,49 +382,28 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
     allocate_targets): receiving into memory already mapped is several times faster on CPU. `staging`:
     the transfer layer's buffers allocated ahead the same way (plan_staging, allocate_staging). `local`:
     this process's part of the transfers worked out ahead (plan_local of the same arguments); without
-    it, execute works it out itself."""
+    it, execute works it out itself. `prepared`: the whole transfer built ahead (prepare_transfer with
+    the same arguments), used when `old_state` still holds the tensors it was built over."""
     import time
-
-    import torch
-
-    from migrate.transfer import EARLY_WINDOW_BYTES, WINDOW_BYTES, Exchange
 
     t0 = time.perf_counter()
     lp = local if local is not None else plan_local(transfers, old_rank, new_rank, old_manifest, new_manifest)
-    shapes = {fqn: (shape, dtype) for fqn, shape, dtype in lp.new}
-    result = Resharded(targets)
+    ahead = prepared is not None and prepared.matches(old_state)
+    if not ahead:
+        prepared = _build(lp, old_rank, new_rank, old_state, group, release_early, window_bytes, targets, verify)
+        prepared.exchange.prepare(staging, _names(old_rank, new_rank))
+    ex, result = prepared.exchange, prepared.result
+    result.built_ahead = ahead
+    ex.group = group
+    prepared.old_state = old_state
     kept = lp.kept - set(result)
     for fqn in kept:
         result[fqn] = old_state[fqn]
     result.kept = kept
-
-    def target(fqn: str):
-        t = result.get(fqn)
-        if t is None:
-            shape, dtype = shapes[fqn]
-            t = result[fqn] = torch.empty(shape, dtype=getattr(torch, dtype))
-        return t
-
-    def release(fqn: str) -> None:
-        old_state.pop(fqn, None)
-
-    ex = Exchange(group, window_bytes or (EARLY_WINDOW_BYTES if release_early else WINDOW_BYTES),
-                  release if release_early else None, digests=verify)
-    for s in lp.steps:  # in key order; the layer orders them
-        if s.op == "copy":
-            ex.copy(_cut(target(s.fqn), s.dim, s.new_at, s.length), _cut(old_state[s.fqn], s.dim, s.old_at, s.length),
-                    s.fqn)
-        elif s.op == "send":
-            ex.send(proc_of_new[s.dst], s.key, _cut(old_state[s.fqn], s.dim, s.old_at, s.length), s.fqn)
-        else:
-            ex.recv(proc_of_old[s.src], s.key, lambda s=s: _cut(target(s.fqn), s.dim, s.new_at, s.length),
-                    s.nbytes, s.whole)
-    if release_early:  # a kept tensor leaves old_state too (it lives on in the result)
-        for fqn in lp.old:
-            ex.own(fqn)
-    result.stats = ex.run(on_window, staging)
-    for fqn in shapes:  # pieces that no transfer fills (an empty shard) still exist
-        target(fqn)
+    ranks = {("old", r): p for r, p in enumerate(proc_of_old)} | {("new", r): p for r, p in enumerate(proc_of_new)}
+    result.stats = ex.run(on_window, staging, ranks)
+    for fqn, _shape, _dtype in lp.new:  # pieces that no transfer fills (an empty shard) still exist
+        prepared.target(fqn)
     t1 = time.perf_counter()
     # the senders' digests are taken while their bytes are in flight, staged messages' as they land
     # (part of the transfer); direct messages' over the new tensors after the last window, then

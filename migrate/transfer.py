@@ -38,7 +38,7 @@ message with a key that both of its ends give alike; `run` then moves it. Why it
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -103,6 +103,11 @@ class _Message:
     owners: set = field(default_factory=set)
     cma: bool = False  # read by the receiver straight from the sender's memory (migrate.cma)
     push: int = 0  # instead written by the sender into the receiver's memory: there, at this address
+    # bound to its tensors (Exchange._bind): the contiguous bytes handed over or landing (a piece itself,
+    # or its staging region), and for a staged message the (destinations, sources) of one foreach copy
+    buf: torch.Tensor | None = None
+    pack: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+    desc: list[int] | None = None  # an outgoing unpacked message's view described ahead (migrate.cma.describe)
 
 
 @dataclass
@@ -163,6 +168,7 @@ class Exchange:
         self._msgs: list[_Message] = []  # this run's messages, for `compare`
         self._uses: dict[Hashable, int] = {}
         self.stats = TransferStats()
+        self._plan: tuple[list[list[_Message]], torch.Tensor, torch.Tensor] | None = None  # prepare's windows, staging
 
     # -- describing the transfer ---------------------------------------------------------------
     def own(self, owner: Hashable) -> None:
@@ -190,7 +196,7 @@ class Exchange:
             self._uses[owner] = self._uses.get(owner, 0) + 1
 
     # -- planning the messages (pure) ----------------------------------------------------------
-    def _messages(self, me: int) -> list[_Message]:
+    def _messages(self, me: tuple[Hashable, Hashable]) -> list[_Message]:
         out: list[_Message] = []
         for outgoing, table in ((True, self._sends), (False, self._recvs)):
             for peer, items in table.items():
@@ -198,7 +204,7 @@ class Exchange:
                 small = [p for k, p in items if p.nbytes < self.small_bytes]
                 if small:  # one packed message per pair, first in the pair's order
                     n = sum(p.nbytes for p in small)
-                    ends = (me, peer) if outgoing else (peer, me)
+                    ends = (me[0], peer) if outgoing else (peer, me[1])
                     out.append(_Message((0, *ends), peer, outgoing, small, n, n))
                 for k, p in items:
                     if p.nbytes >= self.small_bytes:
@@ -222,21 +228,19 @@ class Exchange:
         return [w for w in windows if w]
 
     # -- moving ----------------------------------------------------------------------------------
-    def run(self, on_window: Callable[[int], None] | None = None,
-            staging: tuple[torch.Tensor, torch.Tensor] | None = None) -> TransferStats:
-        """Copy locally, then move every message; raises TransferError when a peer fails. `staging`: uint8
-        buffers (received, sent) allocated and written ahead (migrate.reshard.allocate_staging), used where
-        large enough: strided and packed pieces pass through them, and a kernel receiving into fresh
-        memory zeroes every page first (a quarter of the CPU of a pp4tp4 -> pp4tp2 transfer)."""
-        me = dist.get_rank(self.group)
-        for dst, src, owner in self._copies:
-            dst.copy_(src)
-            self._used(owner)
-        self._copies.clear()  # a view keeps its old tensor's memory alive: drop it once used
-        if self.release is not None:
-            for owner, uses in list(self._uses.items()):
-                if uses == 0:
-                    self._release(owner)
+    def prepare(self, staging: tuple[torch.Tensor, torch.Tensor] | None = None,
+                me: tuple[Hashable, Hashable] | None = None) -> None:
+        """Everything `run` does that reads and writes no tensor's values: the messages, their windows and
+        staging, and (safe mode, where every new tensor exists) each message bound to its views, and the
+        views other processes may read described (migrate.cma). A runtime calls it before the pause, while
+        the old layout still trains, on views of the very tensors it will move: inside the pause, cutting,
+        packing and describing thousands of views one Python call at a time cost more than moving the
+        bytes (pp4tp2dp3 -> pp4tp8dp1: ~7,000 pieces over 32 processes). `staging`: as `run`'s. `me`:
+        the names this process goes by as a sender and as a receiver, where peers are given by name
+        (then `run` maps names to ranks); by default its rank in the group, both."""
+        if me is None:
+            r = dist.get_rank(self.group)
+            me = (r, r)
         self._msgs = self._messages(me)
         windows = self._windows(self._msgs)
         temp_in = max((sum(m.temp for m in w if not m.outgoing) for w in windows), default=0)
@@ -246,6 +250,38 @@ class Exchange:
         staging_in, fresh_in = _staging(have_in, temp_in, device)
         staging_out, fresh_out = _staging(have_out, temp_out, device)
         self.stats.staging_bytes, self.stats.staging_fresh = temp_in + temp_out, fresh_in + fresh_out
+        self._plan = (windows, staging_in, staging_out)
+        for m in self._msgs:
+            if m.outgoing and m.key[0] == 1 and device.type == "cpu":
+                m.desc = cma.describe(m.pieces[0].tensor)
+        if self.release is None:  # every new tensor exists already
+            for window in windows:
+                self._bind_window(window, staging_in, staging_out)
+
+    def run(self, on_window: Callable[[int], None] | None = None,
+            staging: tuple[torch.Tensor, torch.Tensor] | None = None,
+            ranks: Mapping[Hashable, int] | None = None) -> TransferStats:
+        """Copy locally, then move every message; raises TransferError when a peer fails. `staging`: uint8
+        buffers (received, sent) allocated and written ahead (migrate.reshard.allocate_staging), used where
+        large enough: strided and packed pieces pass through them, and a kernel receiving into fresh
+        memory zeroes every page first (a quarter of the CPU of a pp4tp4 -> pp4tp2 transfer). Prepares
+        what `prepare` did not yet; `ranks`: the rank in the group of each peer named in `prepare`."""
+        if self._copies:
+            dsts, srcs, owners = zip(*self._copies)
+            torch._foreach_copy_(list(dsts), list(srcs))
+            for owner in owners:
+                self._used(owner)
+        self._copies.clear()  # a view keeps its old tensor's memory alive: drop it once used
+        if self.release is not None:
+            for owner, uses in list(self._uses.items()):
+                if uses == 0:
+                    self._release(owner)
+        if self._plan is None:
+            self.prepare(staging)
+        windows, staging_in, staging_out = self._plan
+        if ranks is not None:
+            for m in self._msgs:
+                m.peer = ranks[m.peer]
         acks = _Acks(self.group)  # release mode: confirmations of what arrived
         reads = None
         AWAITED_WRITES.clear()
@@ -254,14 +290,16 @@ class Exchange:
             for i, window in enumerate(windows):
                 if on_window is not None:
                     on_window(i)
-                self._window(window, staging_in, staging_out, acks, reads)
+                if window[0].buf is None:  # release mode: new tensors made only now
+                    self._bind_window(window, staging_in, staging_out)
+                self._window(window, acks, reads)
                 self._settle(acks, wait=False)
             self._settle(acks, wait=True)
             reads.finish()
             if self._direct:  # what sits in the new tensors now, after every write
                 t0 = time.perf_counter()
                 for m in self._direct:
-                    self.got[m.key] = unit_digest(_flat(m.pieces[0].tensor))
+                    self.got[m.key] = unit_digest(m.buf)
                 self._direct.clear()
                 self.stats.final_digest_s = time.perf_counter() - t0
         except Exception as exc:
@@ -302,41 +340,46 @@ class Exchange:
     def _device(self) -> torch.device:
         for items in self._sends.values():
             return items[0][1].tensor.device
+        for items in self._recvs.values():
+            if not callable(items[0][1].source):
+                return items[0][1].source.device
         return torch.device("cuda", torch.cuda.current_device()) \
             if dist.is_initialized() and dist.get_backend(self.group) == "nccl" else torch.device("cpu")
 
-    def _window(self, window: list[_Message], staging_in: torch.Tensor, staging_out: torch.Tensor,
-                acks: "_Acks", reads: "_Reads") -> None:
+    def _bind_window(self, window: list[_Message], staging_in: torch.Tensor, staging_out: torch.Tensor) -> None:
+        """Bind each message of `window` to its tensors (`_Message.buf`, `pack`): a window's staged
+        messages take its staging buffers in order, from the start."""
+        off = {True: 0, False: 0}
+        for m in window:
+            if not m.temp:
+                m.buf = _flat(m.pieces[0].tensor)
+                continue
+            staging = staging_out if m.outgoing else staging_in
+            m.buf = staging[off[m.outgoing]:off[m.outgoing] + m.nbytes]
+            off[m.outgoing] += m.nbytes
+            views, pieces, pos = [], [], 0
+            for p in m.pieces:
+                t = p.tensor
+                views.append(m.buf[pos:pos + p.nbytes].view(t.dtype).view(t.shape))
+                pieces.append(t)
+                pos += p.nbytes
+            m.pack = (views, pieces) if m.outgoing else (pieces, views)
+
+    def _window(self, window: list[_Message], acks: "_Acks", reads: "_Reads") -> None:
         ops, unpack, sent, read = [], [], [], []
-        off_in = off_out = 0
         digest = self.digests or self.release is not None
         for m in window:
+            buf = m.buf
             if m.outgoing:
-                if m.cma and not m.push and not digest:  # the receiver reads the view itself
-                    buf = None
-                elif m.temp:  # packed small pieces, or a strided view: one contiguous copy
-                    buf = staging_out[off_out:off_out + m.nbytes]
-                    off_out += m.nbytes
-                    pos = 0
-                    for p in m.pieces:
-                        src = p.tensor
-                        buf[pos:pos + p.nbytes].view(src.dtype).view(src.shape).copy_(src)
-                        pos += p.nbytes
-                else:
-                    buf = _flat(m.pieces[0].tensor)
-                if not m.cma:
+                if not m.cma:  # over the socket, posted first
+                    if m.pack is not None:  # packed small pieces, or a strided view: one contiguous copy
+                        torch._foreach_copy_(*m.pack)
                     ops.append(dist.isend(buf, group=self.group, group_dst=m.peer))
+                if not m.cma or m.push or digest:  # else the receiver reads the view itself, untouched here
+                    sent.append(m)
                 self.stats.bytes_sent += m.nbytes
-                if buf is not None:
-                    sent.append((m, buf))
             else:
-                if m.temp:
-                    buf = staging_in[off_in:off_in + m.nbytes]
-                    off_in += m.nbytes
-                    unpack.append((m, buf))
-                else:
-                    buf = _flat(m.pieces[0].tensor)
-                    unpack.append((m, None))
+                unpack.append(m)
                 if m.cma:
                     if not m.push:  # else the sender writes it
                         read.append((m, buf))
@@ -347,27 +390,26 @@ class Exchange:
             if m.cma:
                 self.stats.cma_bytes += m.nbytes
                 self.stats.cma_written += m.nbytes if m.push else 0
-        if digest:  # the sender's digests, from the bytes on their way (in flight meanwhile)
-            for m, buf in sent:
-                self.sent[m.key] = unit_digest(buf)
-        for m, buf in sent:
+        # the sender's digests, from the bytes on their way (in flight meanwhile); a message through memory
+        # copied, digested and written one after the other, while its bytes are in the cache
+        for m in sent:
+            if m.cma and m.pack is not None:
+                torch._foreach_copy_(*m.pack)
+            if digest:
+                self.sent[m.key] = unit_digest(m.buf)
             if m.push:
-                reads.write(m, buf)
+                reads.write(m, m.buf)
         for m, buf in read:  # while the socket messages are in flight
             reads.read(m, buf)
         for op in ops:
             op.wait()
-        for m, buf in unpack:
-            if buf is not None:
+        for m in unpack:
+            if m.pack is not None:
                 if digest:  # the staged bytes as they arrived
-                    self.got[m.key] = unit_digest(buf)
-                pos = 0
-                for p in m.pieces:
-                    dst = p.tensor
-                    dst.copy_(buf[pos:pos + p.nbytes].view(dst.dtype).view(dst.shape))
-                    pos += p.nbytes
+                    self.got[m.key] = unit_digest(m.buf)
+                torch._foreach_copy_(*m.pack)
             elif self.release is not None:  # landed in its new tensor: confirmed now, not at the end
-                self.got[m.key] = unit_digest(_flat(m.pieces[0].tensor))
+                self.got[m.key] = unit_digest(m.buf)
             elif digest:
                 self._direct.append(m)
             if self.release is not None:  # confirmed to the sender after the window
@@ -375,7 +417,7 @@ class Exchange:
         if self.release is None:
             return
         acks.confirm()
-        for m, _buf in sent:
+        for m in sent:
             acks.expect(m, [self.sent[m.key]])
 
     def _settle(self, acks: "_Acks", wait: bool) -> None:
@@ -384,6 +426,7 @@ class Exchange:
             for p in m.pieces:
                 self._used(p.owner)
                 p.source = None  # the view would keep the released old tensor's memory alive
+            m.buf = m.pack = None
 
     def _used(self, owner: Hashable | None) -> None:
         if owner is None or owner not in self._uses:
@@ -526,7 +569,7 @@ class _Reads:
         for peer, ms in outgoing.items():
             values = list(me)
             for m in ms:
-                d = cma.describe(m.pieces[0].tensor)
+                d = m.desc if m.desc is not None else cma.describe(m.pieces[0].tensor)
                 if len(d) > DESC_SLOTS:
                     raise TransferError(f"{m.pieces[0].key}: a view of {len(d)} description slots, at most "
                                         f"{DESC_SLOTS}; set ${cma.ENV_CMA}=0 to move it over sockets")

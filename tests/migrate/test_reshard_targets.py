@@ -37,10 +37,11 @@ def test_targets_are_every_new_piece_but_those_held_unchanged(a: int, b: int, sa
 
 
 def step(proc: int, a: tuple[int, list[int]], b: tuple[int, list[int]], state: dict, ahead: bool = False,
-         staged: bool = False, **kw):
+         staged: bool = False, prepare=None, **kw):
     """One layout change (tp, processes) a -> b of this process's `state`; (new manifest or None, new
     state, the buffers allocated ahead). staged: the staging planned and allocated ahead too (its bytes
-    in the new state's `staging_planned`)."""
+    in the new state's `staging_planned`). prepare: the transfer built ahead (prepare_transfer), then
+    `prepare(state)` called before the pause (the old layout's last steps)."""
     from migrate.reshard import allocate_staging, allocate_targets, execute, plan_staging
 
     (tp_a, procs_a), (tp_b, procs_b) = a, b
@@ -54,8 +55,14 @@ def step(proc: int, a: tuple[int, list[int]], b: tuple[int, list[int]], state: d
     early = kw.get("release_early", False)
     targets = allocate_targets(plan_targets(trs, o, n, om, nm, early)) if ahead else {}
     need = plan_staging(trs, o, n, om, nm, early, kw.get("window_bytes")) if staged else None
-    new = execute(trs, o, n, state, om, nm, procs_a, procs_b, targets=targets or None,
-                  staging=allocate_staging(need) if need else None, **kw)
+    staging = allocate_staging(need) if need else None
+    if prepare is not None:  # the transfer built ahead over the state of now, then the state changes
+        from migrate.reshard import prepare_transfer
+
+        kw["prepared"] = prepare_transfer(trs, o, n, state, om, nm, early, kw.get("window_bytes"),
+                                          targets or None, staging=staging)
+        prepare(state)
+    new = execute(trs, o, n, state, om, nm, procs_a, procs_b, targets=targets or None, staging=staging, **kw)
     new.staging_planned = sum(need) if need else 0
     return nm, new, targets
 
@@ -277,3 +284,44 @@ def test_staging_planned_ahead_covers_every_transfer_so_none_is_allocated_inside
     assert [fresh for _e, fresh, _u, _any in rows] == [0] * len(rows)  # the planned bound always sufficed
     assert all(within for _e, _f, within, _any in rows)
     assert sum(used for _e, _f, _w, used in rows) >= len(rows) // 2  # packed and strided pieces did pass through
+
+
+def _prepared(proc: int, port: int, q) -> None:
+    """The transfer built ahead of the pause (as a runtime does while the old layout trains), then the
+    old state changes before the pause: in place (an optimizer step), or its tensors replaced by new
+    ones (a model that reallocates). Either way the pause moves the values of the pause."""
+    import torch.distributed as dist
+
+    _init(proc, port)
+    full = full_tensors()
+    doubled = {f: t * 2 for f, t in full.items()}
+    a, b = (2, [0, 1]), (1, [1, 2])  # 1 keeps its shard and gathers the rest, 2 joins, 0 leaves
+    out = []
+    for how in ("in place", "replaced", "in place, release early"):
+        def change(state: dict) -> None:
+            for f in sorted(state):
+                if how == "replaced":
+                    state[f] = state[f] * 2
+                else:
+                    state[f].mul_(2)
+
+        state = start(proc, *a, full)
+        early = how.endswith("early")
+        nm, new, _ = step(proc, a, b, state, ahead=True, staged=True, prepare=change, release_early=early,
+                          window_bytes=(8 << 10) if early else None)
+        out.append((how, nm is None or holds_exactly(new, nm, doubled), new.built_ahead, len(state) if early else None))
+    q.put((proc, out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_transfer_built_ahead_moves_the_values_of_the_pause_or_is_built_anew() -> None:
+    from tests.migrate.spawned import run_spawned
+
+    got = run_spawned(_prepared, 3)
+    for proc in (0, 1):  # old state held: built ahead unless the tensors it cut views of were replaced
+        assert got[proc] == [("in place", True, True, None), ("replaced", True, False, None),
+                             ("in place, release early", True, True, 0)], proc
+    # the joiner holds no old state: its transfer built ahead always serves
+    assert got[2] == [("in place", True, True, None), ("replaced", True, True, None),
+                      ("in place, release early", True, True, 0)]
