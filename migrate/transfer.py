@@ -399,26 +399,36 @@ class Exchange:
                 self.sent[m.key] = unit_digest(m.buf)
             if m.push:
                 reads.write(m, m.buf)
-        for m, buf in read:  # while the socket messages are in flight
+        for m, buf in read:  # while the socket messages are in flight; each digested and unpacked while in cache
             reads.read(m, buf)
+            self._landed(m, digest)
         for op in ops:
             op.wait()
         for m in unpack:
-            if m.pack is not None:
-                if digest:  # the staged bytes as they arrived
-                    self.got[m.key] = unit_digest(m.buf)
-                torch._foreach_copy_(*m.pack)
-            elif self.release is not None:  # landed in its new tensor: confirmed now, not at the end
-                self.got[m.key] = unit_digest(m.buf)
-            elif digest:
+            if not m.cma:
+                self._landed(m, digest)
+            elif m.push and digest:  # written by its sender: digested once every writer said "written"
                 self._direct.append(m)
-            if self.release is not None:  # confirmed to the sender after the window
+            if self.release is not None:  # confirmed to the sender after the window, in the pair's order
                 acks.landed(m.peer, [self.got[m.key]])
         if self.release is None:
             return
         acks.confirm()
         for m in sent:
             acks.expect(m, [self.sent[m.key]])
+
+    def _landed(self, m: _Message, digest: bool) -> None:
+        """Message `m` arrived: a staged one is digested as it arrived and unpacked into its new tensors;
+        a direct one is digested now with release early (confirmed after its window, not at the end),
+        else from its new tensor after the last window (a later write over it is caught too)."""
+        if m.pack is not None:
+            if digest:
+                self.got[m.key] = unit_digest(m.buf)
+            torch._foreach_copy_(*m.pack)
+        elif self.release is not None:
+            self.got[m.key] = unit_digest(m.buf)
+        elif digest:
+            self._direct.append(m)
 
     def _settle(self, acks: "_Acks", wait: bool) -> None:
         """Release the owners whose receivers confirmed their pieces (release mode)."""
