@@ -541,9 +541,10 @@ class Job:
             t2 = time.perf_counter()
             self.ctl.mark("moved")
             st = result.stats
+            built = "built ahead" if result.built_ahead else "built in the pause"
             self.log(f"event {e}: sent {st.bytes_sent / 1e6:.1f} MB, received {st.bytes_received / 1e6:.1f} MB in "
                      f"{st.messages} messages ({st.cma_bytes / 1e6:.1f} MB read across processes' memory), "
-                     f"{st.windows} windows ({'built ahead' if result.built_ahead else 'built in the pause'}); transfer {result.phases.get('transfer', 0):.3f} s, "
+                     f"{st.windows} windows ({built}); transfer {result.phases.get('transfer', 0):.3f} s, "
                      f"verify {result.phases.get('verify', 0):.3f} s (digests of what landed {st.final_digest_s:.3f} s), "
                      f"cpu user {os.times().user - cpu0.user:.3f} s, sys {os.times().system - cpu0.system:.3f} s")
             runtime_faults.die_at(self.fault, "commit", None, self.log)

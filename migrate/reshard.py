@@ -13,8 +13,11 @@ What a process does around the pause (the API a runtime wires in):
     entries = plan_targets(transfers, old_rank, new_rank, old_m, new_m)   # pure: what to allocate ahead
     targets = allocate_targets(entries)                                   # before the pause (page faults)
     local = plan_local(transfers, old_rank, new_rank, old_m, new_m)       # pure: this process's part
+    ready = prepare_transfer(transfers, old_rank, new_rank, old_state, old_m, new_m,
+                             targets=targets, local=local)                # before the pause: views cut
     new = execute(transfers, old_rank, new_rank, old_state, old_m, new_m, procs_old, procs_new,
-                  targets=targets, local=local, release_early=False, verify=True)  # the pause
+                  targets=targets, local=local, release_early=False, verify=True,
+                  prepared=ready)                                          # the pause
     new.units_verified, new.kept, new.phases                              # what to record
 
 A piece the process already holds whole and unchanged (`kept_pieces`) is not allocated nor copied:

@@ -20,6 +20,12 @@ message with a key that both of its ends give alike; `run` then moves it. Why it
   reads an unpacked message straight out of its sender's memory (one copy instead of a socket's two,
   no I/O thread), or in safe mode a sender writes a strided one into the receiver's contiguous new
   tensor; each pair agrees at the start of a run, and one that may not keeps the sockets.
+* Built before the pause (`prepare`): messages, windows and staging worked out, every view cut and
+  bound to its staging region, every view a peer may read described, while the old layout still
+  trains; inside the pause a staged message is packed and unpacked with one foreach copy, and a
+  message through memory is copied, digested and written (or read, digested and unpacked) while its
+  bytes are in the cache. Peers may be given by name (`prepare(me=...)`, `run(ranks=...)`), since the
+  process group of the pause does not exist yet.
 * Release early (optional): an old tensor ("owner") is handed to `release` once every use of it is
   done and its receivers confirmed, with xxh3 digests of what arrived (migrate.checksum), that the
   new copy equals what was sent; an owner no message or copy uses is released at once (another
