@@ -446,9 +446,13 @@ class Job:
         self._prepared[e] = {"targets": targets, "staging": staging, "local": local}
         if early and old_rank is not None and new_rank is not None:
             return  # built in the pause: building it allocates the new tensors it copies into, memory comes first
-        held = {} if old_rank is None else _export_local(self.model, self.optimizer) if self.model is not None \
-            else (self._kept or {}).get("local")
-        if held is None:
+        if old_rank is None:
+            held = {}
+        elif self.model is not None:
+            held = _export_local(self.model, self.optimizer)
+        elif self._kept is not None:
+            held = self._kept["local"]
+        else:
             return
         try:  # over the tensors of now: the pause moves the same ones when steps update them in place
             self._prepared[e]["transfer"] = prepare_transfer(transfers, old_rank, new_rank, held, old_m, new_m,

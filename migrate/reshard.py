@@ -297,9 +297,9 @@ def _fingerprint(t) -> tuple:
 
 def _build(lp: LocalPlan, old_rank: int | None, new_rank: int | None, old_state: Mapping[str, object],
            group, release_early: bool, window_bytes: int | None, targets: Mapping[str, object] | None,
-           verify: bool) -> PreparedTransfer:
-    """The transfer layer's Exchange for `lp`, peers named ("old", rank) and ("new", rank) (bound to
-    ranks in `group` by `execute`), and the result it fills."""
+           verify: bool, staging: tuple | None) -> PreparedTransfer:
+    """The transfer layer's Exchange for `lp`, prepared (Exchange.prepare), peers named ("old", rank) and
+    ("new", rank) (bound to ranks in `group` by `execute`), and the result it fills."""
     import torch
 
     from migrate.transfer import EARLY_WINDOW_BYTES, WINDOW_BYTES, Exchange
@@ -337,13 +337,10 @@ def _build(lp: LocalPlan, old_rank: int | None, new_rank: int | None, old_state:
     if release_early:  # a kept tensor leaves old_state too (it lives on in the result)
         for fqn in lp.old:
             ex.own(fqn)
+    ex.prepare(staging, (("old", old_rank), ("new", new_rank)))
     prepared = PreparedTransfer(ex, result, target, used)
     prepared.old_state = old_state
     return prepared
-
-
-def _names(old_rank: int | None, new_rank: int | None) -> tuple:
-    return ("old", old_rank), ("new", new_rank)
 
 
 def prepare_transfer(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
@@ -356,8 +353,7 @@ def prepare_transfer(transfers: Sequence[Transfer], old_rank: int | None, new_ra
     arguments. Every view cut, every staged message bound to its staging region, every view a peer may
     read described: what is left for the pause is moving bytes."""
     lp = local if local is not None else plan_local(transfers, old_rank, new_rank, old_manifest, new_manifest)
-    prepared = _build(lp, old_rank, new_rank, old_state, None, release_early, window_bytes, targets, verify)
-    prepared.exchange.prepare(staging, _names(old_rank, new_rank))
+    prepared = _build(lp, old_rank, new_rank, old_state, None, release_early, window_bytes, targets, verify, staging)
     prepared.old_state = {}  # views of the tensors of now: the pause gives its own
     return prepared
 
@@ -393,8 +389,8 @@ def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int |
     lp = local if local is not None else plan_local(transfers, old_rank, new_rank, old_manifest, new_manifest)
     ahead = prepared is not None and prepared.matches(old_state)
     if not ahead:
-        prepared = _build(lp, old_rank, new_rank, old_state, group, release_early, window_bytes, targets, verify)
-        prepared.exchange.prepare(staging, _names(old_rank, new_rank))
+        prepared = _build(lp, old_rank, new_rank, old_state, group, release_early, window_bytes, targets, verify,
+                          staging)
     ex, result = prepared.exchange, prepared.result
     result.built_ahead = ahead
     ex.group = group

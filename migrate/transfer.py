@@ -272,12 +272,12 @@ class Exchange:
         large enough: strided and packed pieces pass through them, and a kernel receiving into fresh
         memory zeroes every page first (a quarter of the CPU of a pp4tp4 -> pp4tp2 transfer). Prepares
         what `prepare` did not yet; `ranks`: the rank in the group of each peer named in `prepare`."""
-        if self._copies and self.release is None:
-            dsts, srcs, _owners = zip(*self._copies)
-            torch._foreach_copy_(list(dsts), list(srcs))
-        for dst, src, owner in self._copies if self.release is not None else ():
-            dst.copy_(src)  # each old tensor released as soon as its last use is done
-            self._used(owner)
+        if self.release is not None:
+            for dst, src, owner in self._copies:
+                dst.copy_(src)  # each old tensor released as soon as its last use is done
+                self._used(owner)
+        elif self._copies:
+            torch._foreach_copy_([dst for dst, _s, _o in self._copies], [src for _d, src, _o in self._copies])
         self._copies.clear()  # a view keeps its old tensor's memory alive: drop it once used
         if self.release is not None:
             for owner, uses in list(self._uses.items()):
