@@ -338,8 +338,7 @@ def _build(lp: LocalPlan, old_rank: int | None, new_rank: int | None, old_state:
         for fqn in lp.old:
             ex.own(fqn)
     ex.prepare(staging, (("old", old_rank), ("new", new_rank)))
-    prepared = PreparedTransfer(ex, result, target, used)
-    prepared.old_state = old_state
+    prepared = PreparedTransfer(ex, result, target, used)  # its old_state is the one `execute` runs it on
     return prepared
 
 
@@ -353,9 +352,7 @@ def prepare_transfer(transfers: Sequence[Transfer], old_rank: int | None, new_ra
     arguments. Every view cut, every staged message bound to its staging region, every view a peer may
     read described: what is left for the pause is moving bytes."""
     lp = local if local is not None else plan_local(transfers, old_rank, new_rank, old_manifest, new_manifest)
-    prepared = _build(lp, old_rank, new_rank, old_state, None, release_early, window_bytes, targets, verify, staging)
-    prepared.old_state = {}  # views of the tensors of now: the pause gives its own
-    return prepared
+    return _build(lp, old_rank, new_rank, old_state, None, release_early, window_bytes, targets, verify, staging)
 
 
 def execute(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,

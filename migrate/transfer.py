@@ -257,8 +257,8 @@ class Exchange:
         staging_out, fresh_out = _staging(have_out, temp_out, device)
         self.stats.staging_bytes, self.stats.staging_fresh = temp_in + temp_out, fresh_in + fresh_out
         self._plan = (windows, staging_in, staging_out)
-        for m in self._msgs:
-            if m.outgoing and m.key[0] == 1 and device.type == "cpu":
+        for m in self._msgs:  # what a peer reading it through memory is told (_Reads)
+            if m.outgoing and m.key[0] == 1:
                 m.desc = cma.describe(m.pieces[0].tensor)
         if self.release is None:  # every new tensor exists already
             for window in windows:
@@ -272,15 +272,16 @@ class Exchange:
         large enough: strided and packed pieces pass through them, and a kernel receiving into fresh
         memory zeroes every page first (a quarter of the CPU of a pp4tp4 -> pp4tp2 transfer). Prepares
         what `prepare` did not yet; `ranks`: the rank in the group of each peer named in `prepare`."""
-        if self.release is not None:
+        if self.release is None:
+            if self._copies:
+                torch._foreach_copy_([dst for dst, _s, _o in self._copies], [src for _d, src, _o in self._copies])
+            self._copies.clear()
+        else:
             for dst, src, owner in self._copies:
                 dst.copy_(src)  # each old tensor released as soon as its last use is done
                 self._used(owner)
-        elif self._copies:
-            torch._foreach_copy_([dst for dst, _s, _o in self._copies], [src for _d, src, _o in self._copies])
-        self._copies.clear()  # a view keeps its old tensor's memory alive: drop it once used
-        if self.release is not None:
-            for owner, uses in list(self._uses.items()):
+            self._copies.clear()  # a view keeps its old tensor's memory alive: drop it once used
+            for owner, uses in list(self._uses.items()):  # owners no message uses
                 if uses == 0:
                     self._release(owner)
         if self._plan is None:
@@ -586,7 +587,7 @@ class _Reads:
         for peer, ms in outgoing.items():
             values = list(me)
             for m in ms:
-                d = m.desc if m.desc is not None else cma.describe(m.pieces[0].tensor)
+                d = m.desc  # described by `prepare`
                 if len(d) > DESC_SLOTS:
                     raise TransferError(f"{m.pieces[0].key}: a view of {len(d)} description slots, at most "
                                         f"{DESC_SLOTS}; set ${cma.ENV_CMA}=0 to move it over sockets")
