@@ -206,11 +206,10 @@ class Launcher:
         step before the event could apply (e.g. a grow that took seconds to start its workers)."""
         deadline = time.monotonic() + self.opts.migrate_timeout
         while True:
-            res = self.ctl.results(e, participants)
-            if len(res) == len(participants):
-                return res
-            dead = {d: rc for d, rc in self.dead(all_codes=True).items() if d in participants and d not in res}
-            if dead:  # a worker that reported, then exited, between the two reads is not dead
+            if self.ctl.reported(e, participants):
+                return self.ctl.results(e, participants)
+            dead = {d: rc for d, rc in self.dead(all_codes=True).items() if d in participants}
+            if dead:  # a worker that reported, then exited, is not dead
                 dead = {d: rc for d, rc in dead.items() if not self.ctl.results(e, [d])}
             late = time.monotonic() > deadline
             if (dead or late) and self.ctl.veto(f"ev/{e}/commit"):
@@ -223,7 +222,7 @@ class Launcher:
                 raise MigrationFailed(f"workers {sorted(dead)} exited during the migration (exit codes "
                                       f"{sorted(set(dead.values()))}); old layout kept")
             if late:
-                silent = sorted(set(participants) - set(res))
+                silent = sorted(set(participants) - set(self.ctl.results(e, participants)))
                 raise MigrationFailed(f"no result from devices {silent} within {self.opts.migrate_timeout:.0f} s "
                                       f"({self.ctl.where_workers_are(e, participants)})")
             time.sleep(0.05)
@@ -232,7 +231,7 @@ class Launcher:
                               deadline: float) -> dict[int, dict]:
         self.ctl.abort_world(f"w{e}")  # survivors stop waiting for the dead to join it
         alive = [d for d in participants if d not in dead]
-        while len(self.ctl.results(e, alive)) < len(alive) and time.monotonic() < deadline + 60:
+        while not self.ctl.reported(e, alive) and time.monotonic() < deadline + 60:
             time.sleep(0.05)
         self.log(f"workers {sorted(dead)} died after the migration committed; new layout kept")
         return self.ctl.results(e, alive)

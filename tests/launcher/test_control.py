@@ -83,3 +83,26 @@ def test_a_timed_out_migration_says_where_every_worker_stood() -> None:
     assert server.agree_at(1, 4) == 5  # a later one gets the agreed boundary
     assert server.where_workers_are(1, [0, 1, 2, 3]) == \
         "agreed boundary: after step 5; finished steps: device 0 5, device 1 6, device 2 5, device 3 -"
+
+
+def _bare(results: dict[int, dict]) -> dict[int, dict]:
+    return {d: {k: v for k, v in r.items() if k != "marks"} for d, r in results.items()}
+
+
+def test_polls_read_every_device_whether_all_some_or_none_have_reported() -> None:
+    server = Control("127.0.0.1", 0, server=True)
+    worker = Control("127.0.0.1", server.port)
+    devices = list(range(8))
+    assert server.steps(devices) == {} and server.results(3, devices) == {} and not server.reported(3, devices)
+    for d in devices[::2]:
+        worker.set_step(d, 10 + d)
+        worker.set_result(3, d, {"ok": True, "device": d})
+    assert server.steps(devices) == {d: 10 + d for d in devices[::2]}
+    assert _bare(server.results(3, devices)) == {d: {"ok": True, "device": d} for d in devices[::2]}
+    assert not server.reported(3, devices) and server.reported(3, devices[::2])
+    for d in devices[1::2]:
+        worker.set_step(d, 20 + d)
+        worker.set_result(3, d, {"ok": False, "device": d})
+    assert server.steps(devices) == {d: (10 if d % 2 == 0 else 20) + d for d in devices}
+    assert _bare(server.results(3, reversed(devices))) == {d: {"ok": d % 2 == 0, "device": d} for d in devices}
+    assert server.reported(3, devices) and server.results(4, devices) == {}
