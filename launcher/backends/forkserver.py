@@ -6,7 +6,8 @@ and the local backend runs every simulated device on the same few cores, so star
 40 s of CPU and a grow's new workers took it from the ones still training. The fork server imports
 those once; each worker is then a fork of it that runs the worker's command line as `python` would
 (`-m module` or a script path, its arguments, environment, working directory and log file), in a
-process of its own with its own pid, signals and exit status.
+process of its own with its own pid, signals and exit status. It ends as `python` ends (threads
+waited for, atexit functions run, files flushed) but skips the interpreter's teardown (`end`).
 
 Only what `python` itself would do the same way is forked: the launcher's interpreter, no interpreter
 flags, and an environment that differs from the server's only where the fork can apply it as a new
@@ -352,10 +353,46 @@ def main(argv: Sequence[str] | None = None) -> None:
     req = serve(int(args[0]), int(args[1]))
     if req is None:
         return
-    code = become(req, start_env)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
+    end(become(req, start_env))
+
+
+def end(code: int) -> None:
+    """End a forked worker as `python` ends, less the interpreter's teardown: wait for its non-daemon
+    threads, run its atexit functions, flush every file it left open, exit with `code`.
+
+    Why: in the teardown every object still alive is destroyed, torch.distributed's process groups
+    among them (a model, a pipeline stage or a mesh keeps them past destroy_process_group), and a
+    gloo thread that then needs the interpreter is ended by it mid-destructor, which aborts the
+    process: 'terminate called without an active exception', exit -6, after the job's last step and
+    checkpoint (seen in CI in a live-mode worker that had trained to its last step; earlier in
+    examples/ddp_restart.py, 844614b). The launcher rightly takes an abort for a failure, so a job that
+    finished was reported failed. The teardown also costs ~0.6 s of CPU per worker, on cores other
+    workers share."""
+    import atexit
+    import gc
+    import io
+
+    try:
+        main_thread = threading.main_thread()
+        for t in threading.enumerate():
+            if t is not main_thread and not t.daemon:
+                t.join()
+        atexit._run_exitfuncs()
+        files = (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
+        for obj in gc.get_objects():  # what the teardown would flush as it frees them (type(), not
+            if issubclass(type(obj), files):  # isinstance: a lazy object's __class__ may warn or raise)
+                try:
+                    if not obj.closed:
+                        obj.flush()
+                except Exception:  # noqa: BLE001 -- a broken pipe, a detached wrapper: as the teardown, go on
+                    pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+    finally:
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -156,3 +156,37 @@ def test_the_local_backend_forks_its_workers_and_falls_back_to_new_processes(tmp
     assert all(isinstance(p, subprocess.Popen) for p in h.procs.values())
     assert h.wait(120) and h.exited() == {0: 0, 1: 0}
     assert (tmp_path / "fresh" / "worker-dev0.log").read_text() == "device 0\n"
+
+
+ENDING = """
+import atexit, os, sys, threading, time
+
+class AbortsWhenTornDown:  # what a gloo process group still alive at the interpreter's teardown may do
+    def __init__(self):
+        self.abort = os.abort
+    def __del__(self):
+        self.abort()
+
+threading.keep_until_teardown = AbortsWhenTornDown()
+left_open = open(sys.argv[1] + ".open", "w")
+left_open.write("written, never closed")  # buffered: only a flush puts it on disk
+atexit.register(lambda: open(sys.argv[1] + ".atexit", "w").write("atexit ran"))
+
+def late():
+    time.sleep(0.3)
+    open(sys.argv[1] + ".thread", "w").write("thread done")
+
+threading.Thread(target=late).start()  # not a daemon: python waits for it
+sys.exit(5)
+"""
+
+
+def test_a_worker_ends_as_python_ends_but_skips_the_teardown_that_can_abort_it(server, tmp_path):
+    script = tmp_path / "ending.py"
+    script.write_text(ENDING)
+    base = tmp_path / "out"
+    p = server.spawn([sys.executable, str(script), str(base)], _env(), str(tmp_path / "ending.log"))
+    assert p.wait(timeout=120) == 5, (tmp_path / "ending.log").read_text()  # not -6: no teardown ran
+    assert (tmp_path / "out.thread").read_text() == "thread done"  # its non-daemon thread was waited for
+    assert (tmp_path / "out.atexit").read_text() == "atexit ran"
+    assert (tmp_path / "out.open").read_text() == "written, never closed"
