@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 #: what the server imports before it forks: what every worker imports first, and the most costly
 PRELOAD = ("torch", "torch.distributed", "torch.nn.functional", "torch.optim", "torch._dynamo")
@@ -356,16 +357,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     end(become(req, start_env))
 
 
-def end(code: int) -> None:
+def end(code: int) -> NoReturn:
     """End a forked worker as `python` ends, less the interpreter's teardown: wait for its non-daemon
     threads, run its atexit functions, flush every file it left open, exit with `code`.
 
     Why: in the teardown every object still alive is destroyed, torch.distributed's process groups
-    among them (a model, a pipeline stage or a mesh keeps them past destroy_process_group), and a
-    gloo thread that then needs the interpreter is ended by it mid-destructor, which aborts the
-    process: 'terminate called without an active exception', exit -6, after the job's last step and
-    checkpoint (seen in CI in a live-mode worker that had trained to its last step; earlier in
-    examples/ddp_restart.py, 844614b). The launcher rightly takes an abort for a failure, so a job that
+    among them (a model, a pipeline stage or a mesh keeps them past destroy_process_group); a gloo
+    thread that needs the interpreter then can be ended by it inside a destructor, which aborts the
+    process. Seen in CI: 'terminate called without an active exception', exit -6, in a live-mode worker
+    after its last step and checkpoint (earlier in examples/ddp_restart.py, 844614b); which object it
+    was is not known (no core), the teardown is where it happened. The launcher rightly takes an abort for a failure, so a job that
     finished was reported failed. The teardown also costs ~0.6 s of CPU per worker, on cores other
     workers share."""
     import atexit
