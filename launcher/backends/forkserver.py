@@ -366,9 +366,9 @@ def end(code: int) -> NoReturn:
     thread that needs the interpreter then can be ended by it inside a destructor, which aborts the
     process. Seen in CI: 'terminate called without an active exception', exit -6, in a live-mode worker
     after its last step and checkpoint (earlier in examples/ddp_restart.py, 844614b); which object it
-    was is not known (no core), the teardown is where it happened. The launcher rightly takes an abort for a failure, so a job that
-    finished was reported failed. The teardown also costs ~0.6 s of CPU per worker, on cores other
-    workers share."""
+    was is not known (no core), the teardown is where it happened. The launcher rightly takes an abort
+    for a failure, so a job that finished was reported failed. The teardown also costs ~0.6 s of CPU
+    per worker, on cores other workers share."""
     import atexit
     import gc
     import io
@@ -379,19 +379,16 @@ def end(code: int) -> NoReturn:
             if t is not main_thread and not t.daemon:
                 t.join()
         atexit._run_exitfuncs()
+        # what the teardown would flush as it frees them, sys.stdout and sys.stderr among them; type(),
+        # not isinstance(): a lazy object's __class__ may warn or raise
         files = (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
-        for obj in gc.get_objects():  # what the teardown would flush as it frees them (type(), not
-            if issubclass(type(obj), files):  # isinstance: a lazy object's __class__ may warn or raise)
+        for obj in gc.get_objects():
+            if issubclass(type(obj), files):
                 try:
                     if not obj.closed:
                         obj.flush()
                 except Exception:  # noqa: BLE001 -- a broken pipe, a detached wrapper: as the teardown, go on
                     pass
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
     finally:
         os._exit(code)
 
