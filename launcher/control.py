@@ -43,6 +43,7 @@ commit of the first step it commits in each training world on `tl/<world>/first/
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
@@ -135,6 +136,8 @@ class Control:
         self._first_seen: set[str] = set()  # training worlds whose first commit this worker stamped
         self.pg_members: list[int] | None = None  # devices of the process group this worker is in, by rank
         self.retired: list = []  # process groups of worlds left, not yet torn down (_retire_world)
+        self._retiring: list[threading.Thread] = []  # teardowns of worlds dropped (drop_retired), maybe running
+        self._settle_at_exit = False  # whether settle_retired runs at exit
 
     @classmethod
     def from_env(cls, timeout_s: float = 300.0) -> "Control":
@@ -379,20 +382,40 @@ class Control:
         """Leave the current world without tearing it down inside the pause: its process groups (the
         world's and its mesh's) are kept alive in `retired` past destroy_process_group, whose work is
         their destructors (joining gloo's threads, closing a socket per peer: up to 0.24 s among 24
-        processes on 2 cores, and the next world forms slower meanwhile). drop_retired() lets them go."""
+        processes on 2 cores, and the next world forms slower meanwhile). drop_retired() lets them go.
+        They are gone before the process ends (settle_retired, registered to run at exit): a gloo group
+        torn down while the interpreter finalizes (by a daemon thread still at it, or by the teardown of
+        this object) can abort the process ("terminate called without an active exception", exit -6),
+        and the launcher would take a worker that finished for one that failed."""
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
         self.retired += list(c10d._world.pg_names)
+        if not self._settle_at_exit:
+            self._settle_at_exit = True
+            atexit.register(self.settle_retired)
         dist.destroy_process_group()
         self.pg_members = None
 
     def drop_retired(self) -> None:
-        """Tear down the retired worlds' process groups in the background (once the new world trains)."""
+        """Tear down the retired worlds' process groups in the background (once the new world trains).
+        The process waits for that teardown before it ends (settle_retired, run at exit)."""
         if not self.retired:
             return
         groups, self.retired = self.retired, []
-        threading.Thread(target=groups.clear, name="retire-worlds", daemon=True).start()
+        teardown = threading.Thread(target=groups.clear, name="retire-worlds", daemon=True)
+        self._retiring = [t for t in self._retiring if t.is_alive()] + [teardown]
+        teardown.start()
+
+    def settle_retired(self, timeout_s: float = 30.0) -> None:
+        """Wait (at most `timeout_s`) for the retired worlds' teardowns to end, and tear down here any
+        retired world not dropped yet. The teardown threads are daemons rather than threads the exit
+        waits for without end: one that hangs (a peer's socket that never closes) lets the process end
+        after `timeout_s` all the same."""
+        deadline = time.monotonic() + timeout_s
+        for teardown in self._retiring:
+            teardown.join(max(0.0, deadline - time.monotonic()))
+        self.retired.clear()
 
     def world_ranks(self, devices: Iterable[int]) -> list[int]:
         """The process-group rank of each of `devices` in the world this worker is in."""

@@ -86,3 +86,45 @@ def _retired(rank: int, port: int, queue) -> None:
 def test_a_world_left_is_torn_down_only_after_the_new_one_runs() -> None:
     got = run_spawned(_retired, 2)
     assert got[0] == got[1] == {"held": 2, "default_is_new": True, "sum": 3.0, "after_drop": 0, "threads_left": 0}
+
+
+# A new interpreter (as srun starts a worker) that leaves world a for world b, drops a's groups once b
+# ran, and ends at once. Next to a's real gloo groups the retired list holds an object that takes
+# 0.5 s to tear down and then says so in a file: a daemon thread still tearing down when the process
+# ends is stopped by the interpreter's finalization (with gloo's groups: an abort, exit -6).
+_ENDS_AFTER_A_MIGRATION = """
+import sys, time
+import torch, torch.distributed as dist
+from launcher.control import Control
+
+class SlowTeardown:
+    def __del__(self):
+        time.sleep(0.5)
+        with open(sys.argv[1], "w") as f:
+            f.write("torn down")
+
+ctl = Control("127.0.0.1", 0, server=True)
+ctl.join_world("a", [0], 0, 30, abort_key="abort/a")
+dist.new_group([0])
+ctl.join_world("b", [0], 0, 30, abort_key="abort/b")
+ctl.retired.append(SlowTeardown())
+t = torch.ones(4)
+dist.all_reduce(t)
+ctl.drop_retired()
+ctl.join_world("c", [0], 0, 30, abort_key="abort/c")  # retired, never dropped: torn down before the end
+dist.destroy_process_group()
+sys.exit(3)
+"""
+
+
+def test_a_worker_that_ends_right_after_a_migration_waits_for_the_old_worlds_teardown(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = tmp_path / "torn-down"
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-c", _ENDS_AFTER_A_MIGRATION, str(done)], cwd=root, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 3, p.stderr  # its own exit status, not an abort
+    assert done.read_text() == "torn down"  # the teardown ran to its end before the process ended
