@@ -263,3 +263,34 @@ def _names(layout: str, pp_rank: int, size: dict) -> set[str]:
         return set(size)
     stages = STAGES[int(layout[2:layout.index("tp")])]
     return {k for k in size if k.removeprefix("optim.state.").startswith(stages[pp_rank])}
+
+
+def test_a_job_of_new_interpreters_that_ends_one_step_after_a_shrink_finishes(tmp_path: Path) -> None:
+    # Every worker a new interpreter (--fresh-processes, as srun starts them). The shrink is asked for
+    # while the workers sleep after step 3, so every one sees it after that step and it lands after step
+    # 5 (finished steps + 2); the job's 6th step is its last. The two workers that stay tear the old
+    # world's groups down once they trained a step on the new one, right before they end: the process
+    # waits for that (Control.settle_retired); before, it aborted in the interpreter's teardown and the
+    # launcher reported the finished job as failed ("no node left").
+    from launcher.cli import main as elastic
+
+    log, pace, db = tmp_path / "steps.log", tmp_path / "pace", f"sqlite:///{tmp_path}/e.db"
+    pace.touch()
+
+    def drive(alive) -> None:
+        wait(lambda: len(mixer_rows(log)) >= 3, 180, "3 steps on 2 nodes", alive)
+        assert elastic(["resize", "last", "--nodes", "1", "--db", db]) == 0
+        store = Store(db)
+        wait(lambda: store.recent_migrations(store.find_job("last").id), 30, "the shrink planned", alive)
+        pace.unlink()  # the workers still sleep after step 3; the steps after it run at full speed
+
+    run_local(tmp_path, ["--fresh-processes", "--gpus-per-node", "2", "--layouts", "pp2dp2,pp1dp2", "--job-name",
+                         "last"],
+              ["pipeline_live.py", "--steps", "6", "--log", str(log), "--step-sleep", "5", "--sleep-while", str(pace)],
+              drive)
+    rows = mixer_rows(log)
+    assert [(r[0], r[1]) for r in rows] == [(s, "pp2tp1dp2") for s in range(1, 6)] + [(6, "pp1tp1dp2")], rows
+    store = Store(db)
+    job = store.find_job("last")
+    assert job.state == "finished"
+    assert [(m.trigger, m.status) for m in store.recent_migrations(job.id)] == [("resize", "succeeded")]
