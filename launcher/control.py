@@ -384,9 +384,10 @@ class Control:
         their destructors (joining gloo's threads, closing a socket per peer: up to 0.24 s among 24
         processes on 2 cores, and the next world forms slower meanwhile). drop_retired() lets them go.
         They are gone before the process ends (settle_retired, registered to run at exit): a gloo group
-        torn down while the interpreter finalizes (by a daemon thread still at it, or by the teardown of
-        this object) can abort the process ("terminate called without an active exception", exit -6),
-        and the launcher would take a worker that finished for one that failed."""
+        that drop_retired's daemon thread still tears down while the interpreter finalizes aborts the
+        process ("terminate called without an active exception", exit -6), and the launcher would take
+        a worker that finished for one that failed; one never dropped is torn down there too, so none is
+        left to the interpreter's teardown."""
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 

@@ -120,11 +120,11 @@ sys.exit(3)
 def test_a_worker_that_ends_right_after_a_migration_waits_for_the_old_worlds_teardown(tmp_path):
     import subprocess
     import sys
-    from pathlib import Path
+
+    from tests.examples.harness import ROOT
 
     done = tmp_path / "torn-down"
-    root = Path(__file__).resolve().parents[2]
-    p = subprocess.run([sys.executable, "-c", _ENDS_AFTER_A_MIGRATION, str(done)], cwd=root, capture_output=True,
+    p = subprocess.run([sys.executable, "-c", _ENDS_AFTER_A_MIGRATION, str(done)], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 3, p.stderr  # its own exit status, not an abort
     assert done.read_text() == "torn down"  # the teardown ran to its end before the process ended
