@@ -2,6 +2,10 @@
 real gloo groups: a world is kept only when its members are the same and every member asks to keep it."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
+from tests.examples.harness import ROOT
 from tests.migrate.spawned import run_spawned
 
 
@@ -118,11 +122,6 @@ sys.exit(3)
 
 
 def test_a_worker_that_ends_right_after_a_migration_waits_for_the_old_worlds_teardown(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.examples.harness import ROOT
-
     done = tmp_path / "torn-down"
     p = subprocess.run([sys.executable, "-c", _ENDS_AFTER_A_MIGRATION, str(done)], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
