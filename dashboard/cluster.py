@@ -19,7 +19,7 @@ Fragmentation, over usable nodes (not down, drained or reserved):
                  none does (0 when nothing is free).
 
 "Shrink to MIN" says what Slurm would really hand back: it keeps the nodes the launcher keeps and
-releases them by the launcher's own pure rules (launcher.backends.slurm_holdings: keep_rank,
+releases them by the launcher's own pure rules (launcher.backends.slurm.holdings: keep_rank,
 plan_release; no torch, no Slurm calls), so a node Slurm refuses to release -- one of a heterogeneous
 job's leader component, or a component's batch host while the component keeps other nodes -- is
 shown as staying allocated (idle), never as freed.
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from db.records import Fragmentation, RankEntry
-from launcher.backends.slurm_holdings import (
+from launcher.backends.slurm.holdings import (
     COMPANION,
     COMPONENT,
     JOB,

@@ -4,7 +4,7 @@ nodes, to which layout, and how many bytes the planner would move. It calls the 
 range, layout per size), never the launcher itself, and changes nothing.
 
 The nodes it says a preempt releases are those Slurm would take back: the launcher gives them back
-through launcher.backends.slurm_holdings.plan_release, and so does the preview, over the Slurm jobs
+through launcher.backends.slurm.holdings.plan_release, and so does the preview, over the Slurm jobs
 holding the job's nodes (as Slurm lists them, else as the database's het-job components say), so a
 node of a heterogeneous job's leader component, which Slurm cannot resize, is shown as staying
 allocated, idle, with the reason -- as /cluster's "shrink to MIN" panel shows it."""
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from dashboard.cluster import ClusterView, ElasticJob, job_holders
-from launcher.backends.slurm_holdings import Holder, plan_release
+from launcher.backends.slurm.holdings import Holder, plan_release
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str
 
 def slurm_keeps(job: ElasticJob, leaving: Sequence[str], holders: Sequence[Holder] | None) -> tuple[set[str], tuple[str, ...]]:
     """(nodes of `leaving` Slurm would not take back, the release notes): the launcher's release after the
-    move (launcher.transaction.release_departed) keeps every held node but those left, and nodes held
+    move (launcher.loop.outcome.release_departed) keeps every held node but those left, and nodes held
     without ranks are already idle."""
     held = list(dict.fromkeys([*job.held_nodes, *job_nodes(job)]))
     ranked = set(job_nodes(job))

@@ -1,5 +1,5 @@
 """What a job's layout survives, as the launcher last recorded it in the job's launch spec
-(launcher.loop.launch_spec: "survives" {"process", "node"}, "checkpoint_every"), read defensively:
+(launcher.loop.launcher.launch_spec: "survives" {"process", "node"}, "checkpoint_every"), read defensively:
 the spec is JSON another process wrote, and jobs started by an older launcher have none. Anything
 that is not exactly booleans gives None, so the pages show nothing rather than a guess."""
 from __future__ import annotations

@@ -5,13 +5,13 @@ Per scenario, one job:
   1. starts on the old layout and trains (steady-state memory is taken over one step);
   2. is resized live to the new layout (`Launcher.grow_to`/`shrink_to`, the path `elastic resize` takes);
      the pause is the wall time from the old layout's last committed step to the new one's first,
-     both stamped by the workers' commit votes, as the launcher records it for every migration (launcher.pause);
+     both stamped by the workers' commit votes, as the launcher records it for every migration (launcher.loop.pauses);
   3. is resized back live (not measured), then suspended (stop at a step boundary, DCP save, exit),
      and resumed by a new launcher on the new layout (new processes, resharding load, first step):
      the restart pause runs from the last commit before the suspend to the first after the resume.
 
 What each row says besides the pause: `pause_breakdown` (the critical path of the live pause from
-the workers' marks, launcher.timeline; `--explain` prints every worker's row), `restart_breakdown`
+the workers' marks, launcher.loop.timeline; `--explain` prints every worker's row), `restart_breakdown`
 (stop+save, exit, start+load, first step), and `step_s_old`/`step_s_new`, one steady step commit to
 commit: both pauses contain one step on the new layout, so no pause can be shorter than that step.
 
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from launcher import timeline
+from launcher.loop import timeline
 from migrate.bench import BenchConfig
 from migrate.scenarios import PAPER_SCENARIOS
 
@@ -200,7 +200,7 @@ def run_scenario(name: str, cfg: BenchConfig, workdir: Path, ceilings: dict[int,
         old_devices = la.current.devices
         with PeakWatch(la) as watch:
             out = _resize(la, n_curr)
-            # the launcher records the pause once the new layout committed its first step (launcher.pause)
+            # the launcher records the pause once the new layout committed its first step (launcher.loop.pauses)
             _wait(la, lambda: out.pause_s is not None, deadline, "the first step on the new layout")
         row["pause_s"] = out.pause_s
         tl = timeline.read(la.ctl, out, old_devices, la.current.devices)

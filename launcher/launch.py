@@ -7,17 +7,17 @@ Put it in the sbatch script (use `exec` so the batch step's USR1 reaches it):
         --db sqlite:///$HOME/elastic.db -- python -m launcher.worker --layers 24 --hidden 512
 
 The flags are read and checked (launcher.options), the node backend is picked (launcher.backends),
-and the job's control loop (launcher.loop.Launcher) runs until the job ends. Every trigger --
+and the job's control loop (launcher.loop.launcher.Launcher) runs until the job ends. Every trigger --
 `elastic resize`/`elastic preempt`/dashboard requests from the database, USR1, a worker that dies
--- becomes one migration (launcher.transaction): pick the layout (launcher.policy), plan it
+-- becomes one migration (launcher.loop.outcome): pick the layout (launcher.policy.layouts), plan it
 (migrate.plan), post it, let the workers apply it at one agreed step boundary, let departing
 workers exit, give their nodes back, and record the rank map and the migration with its phases
 in the database. A failed migration or node release leaves the job on its old layout, with the
 failure recorded.
 
 Growing beyond the nodes the job holds asks the backend for more (on Slurm a companion job,
-launcher.backends.slurm); one that never starts is cancelled and the grow is recorded as failed
-while the job trains on. Suspend and resume through a checkpoint: launcher.resume. With
+launcher.backends.slurm.nodes); one that never starts is cancelled and the grow is recorded as failed
+while the job trains on. Suspend and resume through a checkpoint: launcher.loop.suspend. With
 --checkpoint-every N the workers also keep one complete safety checkpoint; a failure no replica
 can recover from (DP = 1) restarts the workers from it, recording how many committed steps were lost.
 """
@@ -28,10 +28,10 @@ import sys
 from launcher.backends import make_backend, shell_line
 from launcher.database import db_url, open_store
 from launcher.errors import UsageError
-from launcher.loop import Launcher, grow_choice
+from launcher.loop.launcher import Launcher, grow_choice
 from launcher.options import Options, build_parser, options_from_args, parse_layouts, parse_nnodes
-from launcher.start_request import StartRequest
-from launcher.transaction import MigrationFailed, Outcome
+from launcher.loop.start_request import StartRequest
+from launcher.loop.outcome import MigrationFailed, Outcome
 
 __all__ = ["Launcher", "MigrationFailed", "Options", "Outcome", "build_parser", "dry_run", "grow_choice", "main",
            "options_from_args", "parse_layouts", "parse_nnodes"]
@@ -58,7 +58,7 @@ def check_allocation(opts: Options, backend) -> None:
     """The node range against the nodes as the backend holds them: on Slurm the GPUs of each node are
     known only once the allocation is read (uneven nodes, a heterogeneous job), so a --layouts list that
     fits --gpus-per-node everywhere may not fit them. A UsageError before anything starts."""
-    from launcher.policy import NoLayoutError, check_node_range
+    from launcher.policy.layouts import NoLayoutError, check_node_range
 
     sizes = tuple(backend.gpus_on(n) for n in backend.allocation())
     if opts.node_gpus or len(set(sizes)) < 2:
@@ -73,8 +73,8 @@ def check_allocation(opts: Options, backend) -> None:
 def check_resumable(opts: Options, store) -> None:
     """--resume with no checkpoint to go on from: a UsageError before any worker starts (else the workers
     start, and the run fails only once they registered). Restart mode's scripts resume from their own."""
-    from launcher.resume import nothing_to_resume, resume_checkpoint
-    from launcher.start_request import checkpoint_dir
+    from launcher.loop.suspend import nothing_to_resume, resume_checkpoint
+    from launcher.loop.start_request import checkpoint_dir
 
     if not opts.resume or opts.mode == "restart":
         return

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UsageError
-from launcher.survival import DEFAULT_CHECKPOINT_EVERY, auto_checkpoint_every
+from launcher.policy.survival import DEFAULT_CHECKPOINT_EVERY, auto_checkpoint_every
 
 SIGNAL_ACTIONS = ("shrink", "suspend", "ignore")
 # migrate.allocator.PLACEMENTS, resilient first (the default); spelled out so --help does not import the planner
@@ -210,7 +210,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     if gpn > MAX_GPUS_PER_NODE:
         given = "" if node_gpus or args.gpus_per_node else " (from $SLURM_GPUS_ON_NODE)"
         raise UsageError(f"--gpus-per-node {gpn}{given}: at most {MAX_GPUS_PER_NODE} GPUs per node")
-    from launcher.torchrun_exec import missing_program
+    from launcher.runtime.torchrun_exec import missing_program
 
     missing = missing_program(command)
     if missing:
@@ -223,12 +223,12 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError("--term-timeout and --max-restarts must not be negative")
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be 0 (off) or a number of steps, got {args.checkpoint_every}")
-    from launcher.policy import NoLayoutError, check_node_range
-    from launcher.runtime_threads import nice_from_env
+    from launcher.policy.layouts import NoLayoutError, check_node_range
+    from launcher.runtime.threads import nice_from_env
     from migrate.cma import enabled_from_env as cma_enabled_from_env
 
     try:
-        nice_from_env()  # the workers inherit it (launcher.runtime_threads): refused here, before any starts
+        nice_from_env()  # the workers inherit it (launcher.runtime.threads): refused here, before any starts
         cma_enabled_from_env()  # the same (migrate.cma)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 
-from launcher import control as C
+from launcher.wire import control as C
 
 
 def build_parser() -> argparse.ArgumentParser:

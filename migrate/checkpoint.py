@@ -56,7 +56,7 @@ def _state_dict(model: ModelSpec, cfg: ParallelConfig, state: LocalState, world_
 def save_checkpoint(model: ModelSpec, cfg: ParallelConfig, state: LocalState, path: str | Path,
                     world_rank: list[int] | None = None, group=None) -> None:
     """Write this rank's part of the job's state; every rank of the layout calls it. (Live jobs, the
-    reference worker's included, checkpoint through launcher.runtime_ckpt, in the background there.)"""
+    reference worker's included, checkpoint through launcher.runtime.ckpt, in the background there.)"""
     world_rank = world_rank or list(range(cfg.world_size))
     Path(path).mkdir(parents=True, exist_ok=True)
     dcp.save(_state_dict(model, cfg, state, world_rank), checkpoint_id=str(path), process_group=group)

@@ -15,7 +15,7 @@ applies it with the job's optimizer, so every layout computes what one process c
 
 `python -m launcher.worker` is this model's program: its loop on `runtime.join` / `job.next_step()` with
 this builder, manifest and step (tests/examples/gpt_script.py is the same loop, smallest), and the launcher
-checks its layouts against the ModelSpec read from its flags (launcher.runtime_moves.choose).
+checks its layouts against the ModelSpec read from its flags (launcher.loop.live.choose).
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Built from a copy of the checkout (so the build leaves nothing in it) without build isolation, and
 installed with `pip install --no-deps --target`; a fresh interpreter that imports the project only
-from there renders the login page. (A full `pip install .` into a fresh virtual environment, torch
+from there renders the login page and imports every package of the checkout (a package missing from
+pyproject.toml's list, e.g. launcher.runtime, fails here). (A full `pip install .` into a fresh virtual environment, torch
 included, was checked by hand; it takes about a minute.)
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
 SKIP = shutil.ignore_patterns(".git", ".venv", "var", "build", "*.egg-info", "__pycache__", ".pytest_cache",
                               ".hypothesis", "node_modules")
 
@@ -28,6 +29,10 @@ page = client.get("/login")
 assert page.status_code == 200 and b"password" in page.data, page.status_code
 assert client.get("/static/style.css").status_code == 200
 print("ok", dashboard.app.TEMPLATES)
+import importlib
+for name in sys.argv[3].split(","):  # every package of the checkout, from the wheel's copy
+    mod = importlib.import_module(name)
+    assert mod.__file__.startswith(sys.argv[1]), (name, mod.__file__)
 """
 
 
@@ -42,7 +47,9 @@ def test_wheel_serves_the_dashboard(tmp_path: Path) -> None:
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True,
                    capture_output=True, timeout=120)
     assert (target / "dashboard" / "templates" / "base.html").is_file()
-    out = subprocess.run([sys.executable, "-I", "-c", CHECK, str(target), str(tmp_path / "e.db")],
+    packages = sorted(".".join(f.parent.relative_to(src).parts) for top in ("launcher", "migrate", "dashboard", "db")
+                      for f in (src / top).rglob("__init__.py"))
+    out = subprocess.run([sys.executable, "-I", "-c", CHECK, str(target), str(tmp_path / "e.db"), ",".join(packages)],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert str(target / "dashboard" / "templates") in out.stdout

@@ -51,8 +51,8 @@ def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes
         return LocalNodes(n, gpus_per_node, log_dir=log_dir, node_gpus=node_gpus, fork_server=fork_server), None
     if job_id is None:
         raise UsageError("--backend slurm needs a job: run inside an sbatch script or give --job-id")
-    from launcher.backends import slurm_client
-    from launcher.backends.slurm import SlurmNodes
+    from launcher.backends.slurm import client as slurm_client
+    from launcher.backends.slurm.nodes import SlurmNodes
 
     client = slurm_client.select_backend()
     try:

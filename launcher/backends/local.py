@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from launcher import control as C
+from launcher.wire import control as C
 from launcher.backends import forkserver
 from launcher.backends.base import Acquired, CannotAcquire, NodeHandle, Reporter, resolve_python, stop_handle
 

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from launcher.database import open_store
     from launcher.launch import Options, Launcher, parse_layouts
     from launcher.backends.local import LocalNodes
-    from launcher.policy import NoLayoutError, check_node_range
+    from launcher.policy.layouts import NoLayoutError, check_node_range
     from migrate.layout import LayoutError, ModelSpec
 
     if args.nodes < 2:

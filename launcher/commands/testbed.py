@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from launcher.cli import UsageError
-from launcher.testbed import DEFAULT_GPUS, DEFAULT_ROOT, Testbed, TestbedError, parse_gpus
+from launcher.testbed.cluster import DEFAULT_GPUS, DEFAULT_ROOT, Testbed, TestbedError, parse_gpus
 
 ACTIONS = ("up", "down", "status")
 

@@ -21,7 +21,7 @@ from tests.dashboard.conftest import PASSWORDS, SECRET
 from tests.db.seed import HET_NODES, layout_entries, seed_hetjob, spread_llama
 
 pytestmark = pytest.mark.browser
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

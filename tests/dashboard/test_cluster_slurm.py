@@ -27,7 +27,7 @@ from tests.dashboard.test_browser import _shot, browser, page  # noqa: F401  (fi
 from tests.launcher.conftest import slurm_testbed  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.browser]
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 WAIT = 180.0
 
 

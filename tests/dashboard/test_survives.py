@@ -1,5 +1,5 @@
 """The job page and the jobs list say what the job's layout survives, from the launch spec the
-launcher records (launcher.loop.launch_spec); a job without one, or with a spec that does not say
+launcher records (launcher.loop.launcher.launch_spec); a job without one, or with a spec that does not say
 it plainly, shows no claim at all."""
 from __future__ import annotations
 

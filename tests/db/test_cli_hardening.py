@@ -17,7 +17,7 @@ from db import Store
 from db.schema import CURRENT_VERSION, MIGRATIONS, _stamp, create_v1
 from launcher.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 @pytest.mark.parametrize("args", [

@@ -15,7 +15,7 @@ import time
 import torch
 
 from launcher import runtime
-from launcher.runtime_threads import DEFAULT_NICE, gloo_threads, thread_nice
+from launcher.runtime.threads import DEFAULT_NICE, gloo_threads, thread_nice
 from migrate.gpt_live import build_stage, stage_manifest, train_step
 from migrate.layout import ModelSpec, ParallelConfig
 from migrate.train import TrainConfig
@@ -38,7 +38,7 @@ def main() -> None:
                        optimizer=lambda params: torch.optim.Adam(params, lr=tc.lr, fused=True),
                        manifest=lambda lay: stage_manifest(MODEL, ParallelConfig.parse(lay.name), lay.rank))
     while job.next_step(until=args.steps):
-        if args.gc_file:  # what the garbage collector may walk during this step (launcher.runtime_gc)
+        if args.gc_file:  # what the garbage collector may walk during this step (launcher.runtime.collector)
             with open(args.gc_file, "a") as f:
                 nices = []
                 for t in gloo_threads():

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 def wait(cond: Callable[[], object], timeout: float, what: str, alive: Callable[[], bool]) -> None:

@@ -5,10 +5,10 @@ tensors early (--release-early). Oracle: the
 loss of every step equals the uninterrupted one-process reference trainer's (within 1e-5: TP and DP change
 the reduction order), every step once, and every migration recorded bit-exact (the transferred pieces' digests
 compared at both ends). Each migration reports what the reference worker's do (phases, the
-step it applied at, every worker's marks for launcher.timeline) and keeps the process group whose members do
+step it applied at, every worker's marks for launcher.loop.timeline) and keeps the process group whose members do
 not change: the shrink's migration world is the old training world, the grow's new training world is its
 migration world. In every step of every worker, gloo's I/O threads run at the lowest priority
-(launcher.runtime_threads)."""
+(launcher.runtime.threads)."""
 from __future__ import annotations
 
 import time
@@ -18,13 +18,13 @@ import pytest
 
 from db import Store
 from launcher.backends.local import LocalNodes
-from launcher.loop import Launcher
+from launcher.loop.launcher import Launcher
 from launcher.options import Options
-from launcher.timeline import read as read_timeline
+from launcher.loop.timeline import read as read_timeline
 from migrate.layout import ParallelConfig
-from tests.launcher.test_faults import check_curve, read_losses
+from tests.launcher.loop.test_faults import check_curve, read_losses
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 #: enough steps after the grow is asked for (at step 10) that new workers starting on a loaded machine
 #: join before training ends (18 left a CI run's grow declined: training ended first)
 STEPS = 30
@@ -92,7 +92,7 @@ def test_reference_gpt_migrates_live_through_the_runtime_by_its_own_manifests(tm
 
 
 def check_collector_held_for_the_first_step_only(gc_file: Path) -> None:
-    """launcher.runtime_gc: during a worker's first step after a migration (the pause ends with its commit) the
+    """launcher.runtime.collector: during a worker's first step after a migration (the pause ends with its commit) the
     objects alive before the pause are out of the garbage collector's reach; from the next step on, and in any
     step not right after a migration, nothing is (no object stays uncollectable)."""
     steps: dict[tuple[str, int], list[tuple[int, int]]] = {}
@@ -108,7 +108,7 @@ def check_collector_held_for_the_first_step_only(gc_file: Path) -> None:
 
 
 def check_gloo_threads_lowered(gc_file: Path) -> None:
-    """launcher.runtime_threads: in every step of every worker, the worlds formed at the start, in the migrations
+    """launcher.runtime.threads: in every step of every worker, the worlds formed at the start, in the migrations
     and for the new layouts included, each gloo I/O thread is at the lowest priority."""
     threads = [line.split()[4] for line in gc_file.read_text().splitlines()]
     assert threads and all(low == every and int(every) > 0 for low, every in (t.split("/") for t in threads)), threads

@@ -1,4 +1,4 @@
-"""Background safety checkpoints in LIVE mode (launcher.runtime_ckpt.Safety) under
+"""Background safety checkpoints in LIVE mode (launcher.runtime.ckpt.Safety) under
 `elastic-launch --backend local --checkpoint-every N`, with real worker processes.
 
   * pipeline parallel (examples/pipeline_live.py, pp2 on 2 one-device nodes): device 1 is SIGKILLed
@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from db import Store
 from tests.examples.harness import ROOT, mixer_rows, run_local
-from tests.launcher.test_faults import read_losses, reference_losses
+from tests.launcher.loop.test_faults import read_losses, reference_losses
 
 BATCH, MICRO = 8, 2
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from db import Store
 from launcher.backends.local import LocalNodes
-from launcher.loop import Launcher
+from launcher.loop.launcher import Launcher
 from launcher.options import Options
 from migrate.layout import ParallelConfig
 from tests.examples.harness import ROOT, assert_state_carried, mixer_rows

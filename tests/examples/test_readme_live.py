@@ -10,7 +10,7 @@ from pathlib import Path
 
 from db import Store
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 def test_readme_live_script_runs(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from db import Store
-from launcher.backends.slurm_client import SlurmCommands, SlurmError
+from launcher.backends.slurm.client import SlurmCommands, SlurmError
 from launcher.cli import main as elastic
 from tests.examples.harness import ROOT, assert_state_carried, ddp_reference_losses, ddp_rows, mixer_rows, wait
 from tests.launcher.conftest import slurm_testbed  # noqa: F401 -- the shared session fixture

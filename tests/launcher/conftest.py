@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from launcher.testbed import DEFAULT_ROOT, Testbed
+from launcher.testbed.cluster import DEFAULT_ROOT, Testbed
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from launcher.launch import main as launch_main
-from launcher.policy import NoLayoutError, choose_layout, why_invalid
+from launcher.policy.layouts import NoLayoutError, choose_layout, why_invalid
 from migrate.layout import LayoutError, ModelSpec, ParallelConfig
 
 junk = st.text(alphabet="ptd0123456789:,x- .", max_size=10)

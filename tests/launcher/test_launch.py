@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import launcher.backends.slurm_client as slurm_mod
+import launcher.backends.slurm.client as slurm_mod
 from launcher.launch import main, parse_nnodes
 from launcher.errors import UsageError
-from launcher.backends.slurm_client import SlurmCommands
+from launcher.backends.slurm.client import SlurmCommands
 
-GOLDEN = Path(__file__).parent / "golden"
+from tests.paths import GOLDEN
 WORKER = ["--", "python", "-m", "launcher.worker", "--layers", "4", "--hidden", "128"]
 
 
@@ -96,7 +96,7 @@ def test_bad_input_exits_2_and_writes_nothing(argv, message, fake_slurm, tmp_pat
                                       ("ELASTIC_CMA", "$ELASTIC_CMA must be 1")])
 def test_a_bad_environment_setting_is_refused_before_anything_starts(fake_slurm, tmp_path, monkeypatch, capsys,
                                                                      var, says):
-    """The workers inherit $ELASTIC_GLOO_NICE (launcher.runtime_threads) and $ELASTIC_CMA (migrate.cma):
+    """The workers inherit $ELASTIC_GLOO_NICE (launcher.runtime.threads) and $ELASTIC_CMA (migrate.cma):
     elastic-launch reads them first."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(var, "99")
@@ -164,8 +164,8 @@ def test_fresh_processes_says_every_worker_is_a_new_interpreter(capsys, tmp_path
 def test_shrink_and_release_choices_keep_the_batch_node():
     """Pure part of a shrink: which nodes stay (batch node first, then the busiest) and the scontrol line."""
     from launcher.launch import Launcher, Options
-    from launcher.backends.slurm import SlurmNodes
-    from launcher.backends.slurm_client import JobInfo
+    from launcher.backends.slurm.nodes import SlurmNodes
+    from launcher.backends.slurm.client import JobInfo
     from migrate.layout import ModelSpec, ParallelConfig
     from migrate.topology import RankMap
 

@@ -7,7 +7,7 @@ import pytest
 
 from launcher.backends.local import LocalNodes
 from launcher.launch import main
-from launcher.policy import tp_fit
+from launcher.policy.layouts import tp_fit
 from tests.launcher.test_launch_local import run_job
 
 
@@ -42,7 +42,7 @@ def test_default_safety_checkpoints_follow_the_real_node_sizes(sizes, every, cap
 def test_launcher_decides_again_on_the_allocations_node_sizes() -> None:
     """On Slurm the node sizes are known once the backend read the allocation: without --checkpoint-every
     the launcher decides with them (here a backend of 3- and 1-GPU nodes under options that knew none)."""
-    from launcher.loop import Launcher
+    from launcher.loop.launcher import Launcher
     from launcher.options import Options
     from migrate.layout import ParallelConfig
 

@@ -1,6 +1,6 @@
 """`elastic-launch --resume` with no checkpoint to go on from is a one-line usage error before any
 worker starts (before: the workers started, and the run failed only once they had registered). The
-positive path, a real checkpoint resumed, is tests/launcher/test_checkpoints.py's."""
+positive path, a real checkpoint resumed, is tests/launcher/loop/test_checkpoints.py's."""
 from __future__ import annotations
 
 from pathlib import Path

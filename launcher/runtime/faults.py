@@ -1,0 +1,73 @@
+"""Consistent cuts for live mode (launcher.runtime), the same protocol as the reference worker's.
+
+Every optimizer step commits all-or-nothing: a pre-hook on the script's optimizer votes on
+`c/<world>/<finished steps>` (launcher.wire.control.Control.commit_step) before the step is applied, so
+either every rank of the training world applies it or none does. When a worker dies, the launcher
+sets `abort/<world>`; the survivors' next collective fails (their sockets are cut, see
+launcher.runtime.sockets) or their vote loses. The failed step is abandoned inside `job.guard()`: the
+survivors keep the state of the last committed step, take back the step count and the registered
+objects' state of that boundary, and wait for the launcher's recovery event.
+
+What counts as a peer's failure (not a bug in the script): this module's StepAborted, a world that
+could not form, torch.distributed's own errors, or any RuntimeError while the launcher has marked the
+world aborted (gloo reports a closed socket as a plain RuntimeError); the launcher sets the mark within
+a poll of seeing the process end, so a RuntimeError waits up to `ABORT_WAIT_S` for it.
+
+Fault injection for tests: $ELASTIC_FAULT = "DEVICE:POINT[:N]", POINT one
+of `step` (SIGKILL in step N, after the gradients, before the commit vote), `round` (in a migration's
+transfer, before its window N: migrate.transfer's rounds of messages; a process with fewer windows lives), `commit` (after a migration's transfer, before its commit vote), `committed` (right after
+the migration committed, before reporting), `ckpt` (live mode only: inside the background write of the
+first safety checkpoint of a step >= N, after this rank's files, before the metadata; launcher.runtime.ckpt).
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from launcher.wire import control as C
+
+ABORT_WAIT_S = 10.0
+
+
+class StepAborted(RuntimeError):
+    """The step was not committed: some worker of the training world failed it."""
+
+
+def is_peer_failure(exc: BaseException, ctl: C.Control, world: str | None, wait_s: float = ABORT_WAIT_S) -> bool:
+    """True when `exc` comes from another worker's failure (see the module docstring)."""
+    import torch.distributed as dist
+
+    if isinstance(exc, (StepAborted, C.WorldAborted, dist.DistError)):
+        return True
+    if not isinstance(exc, RuntimeError) or world is None:
+        return False
+    deadline = time.monotonic() + wait_s
+    while True:
+        if ctl.has(f"abort/{world}"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def fault_for(device: int, env=os.environ) -> tuple[str, int | None] | None:
+    """Fault injection for tests: $ELASTIC_FAULT = "DEVICE:POINT[:N]" -> (POINT, N) on that device, else None."""
+    parts = env.get("ELASTIC_FAULT", "").split(":")
+    if len(parts) < 2 or not parts[0].isdigit() or int(parts[0]) != device:
+        return None
+    return parts[1], int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+
+
+def die_at(fault: tuple[str, int | None] | None, point: str, n: int | None = None,
+           log: Callable[[str], None] = print) -> None:
+    """SIGKILL this process when `fault` names `point` (and its N, if any, is reached by `n`)."""
+    if fault and fault[0] == point and (fault[1] is None or n is None or n >= fault[1]):
+        log(f"fault injection: SIGKILL at {point} {n}")
+        os.kill(os.getpid(), 9)
+
+
+def install_commit(optimizer, vote) -> object:
+    """Make `optimizer.step()` apply only after `vote()` returned (it raises StepAborted otherwise);
+    returns the hook handle."""
+    return optimizer.register_step_pre_hook(lambda _opt, _args, _kwargs: vote())

@@ -1,0 +1,88 @@
+"""`python -m launcher.runtime.torchrun_exec -- PROGRAM ARGS...`: give one worker its torchrun ranks, then exec PROGRAM.
+
+elastic-launch starts a node's workers with per-node variables (GROUP_RANK, LOCAL_WORLD_SIZE,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*); on Slurm one `srun` step runs all tasks of
+a node with the same environment, so the per-process ones are derived here from the task's local
+index ($ELASTIC_LOCAL_ID, else $SLURM_LOCALID):
+
+    LOCAL_RANK = local index        RANK = ROLE_RANK = $ELASTIC_RANK_BASE + LOCAL_RANK
+
+($ELASTIC_RANK_BASE: the rank of the node's first worker, which nodes of different sizes need; without
+it GROUP_RANK * LOCAL_WORLD_SIZE, nodes alike), then the process is replaced by PROGRAM (same pid, so
+the launcher's SIGTERM reaches it). A program that cannot be started is reported in one line (exit
+127), not a traceback.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping, MutableMapping, Sequence
+
+ENV_LOCAL_ID = "ELASTIC_LOCAL_ID"  # same name as launcher.wire.control.ENV_LOCAL_ID (no torch import here)
+ENV_RANK_BASE = "ELASTIC_RANK_BASE"  # RANK of the node's first worker (nodes may run different numbers)
+
+
+def rank_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The per-process torchrun variables of the worker whose node-level environment is `env`."""
+    local = int(env.get(ENV_LOCAL_ID, env.get("SLURM_LOCALID", "0")))
+    if "GROUP_RANK" not in env:
+        return {"LOCAL_RANK": str(local)}
+    base = env.get(ENV_RANK_BASE)
+    rank = (int(base) if base is not None else int(env["GROUP_RANK"]) * int(env.get("LOCAL_WORLD_SIZE", "1"))) + local
+    return {"LOCAL_RANK": str(local), "RANK": str(rank), "ROLE_RANK": str(rank)}
+
+
+def program(argv: Sequence[str]) -> list[str]:
+    """`python ...` runs with this interpreter (the launcher's environment)."""
+    argv = list(argv)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def missing_program(argv: Sequence[str]) -> str | None:
+    """A one-line reason why `argv` cannot start (program or script or module not found), else None.
+    Checked by elastic-launch before anything starts."""
+    cmd = program(argv)
+    if not cmd:
+        return "no program given"
+    if shutil.which(cmd[0]) is None:
+        return f"program not found: {cmd[0]}"
+    if os.path.basename(cmd[0]).startswith("python") and len(cmd) > 1:
+        first = cmd[1]
+        if first == "-m" and len(cmd) > 2:
+            import importlib.util
+
+            try:
+                found = importlib.util.find_spec(cmd[2]) is not None
+            except (ImportError, ValueError):
+                found = False
+            return None if found else f"python module not found: {cmd[2]}"
+        if not first.startswith("-") and not os.path.exists(first):
+            return f"script not found: {first}"
+    return None
+
+
+def main(argv: Sequence[str] | None = None, env: MutableMapping[str, str] = os.environ) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        print("launcher.runtime.torchrun_exec: give the program to run after --", file=sys.stderr)
+        return 2
+    env.update(rank_env(env))
+    cmd = program(args)
+    if shutil.which(cmd[0]) is None:
+        print(f"elastic-launch worker: program not found: {cmd[0]}", file=sys.stderr)
+        return 127
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as exc:
+        print(f"elastic-launch worker: cannot run {cmd[0]}: {exc.strerror}", file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,425 @@
+"""The control plane: a `torch.distributed.TCPStore` hosted by the launcher, and the keys on it.
+
+Everything the launcher and the workers say to each other goes through these keys:
+
+  model                  the worker's model spec (JSON), offered by every worker, first one wins
+  shapes                 the layout shapes ("pp<P>tp<T>") the launcher may choose: live-mode workers offer their
+                         state manifests for them with the model spec (launcher.runtime.join)
+  hello/<dev>            a worker that uses the runtime API (launcher.runtime) started: live mode
+  ready/<dev>            a worker is up and waits for events (JSON: pid, host)
+  step/<dev>             the number of finished steps of a training worker (its heartbeat)
+  ev/<e>                 event e (JSON): start | migrate | stop, posted by the launcher
+  ev/<e>/at              the step boundary at which event e applies, agreed by the workers
+  ev/<e>/res/<dev>       what a participant of event e reports back (JSON)
+
+Events are numbered 0, 1, 2 ... and every worker handles every event in order, so a worker
+started later (on a node the job grows onto) catches up by reading the events it missed.
+
+Step agreement: the launcher never guesses where training is. After each step a worker checks
+(`store.check`, ~30 us) for the next event; the first worker to see it proposes
+`at = its finished steps + 2` with an atomic compare-and-set, and everybody migrates when its
+own finished-step count equals `at`. Ranks of one layout are at most one step apart (every
+step ends with pipeline sends and DP all-reduces they all wait on), and a worker that has not
+seen the event yet finishes at most one more step before its next check, so nobody is past
+`at` when it learns it. Events marked `urgent` (recovery after a failure) apply at once.
+
+Consistent cuts: a worker may die at any instant, so nothing that changes state is applied by
+some survivors and not others. Each optimizer step commits through `decide("c/<world>/<step>")`
+(all ranks vote after their gradients are reduced; the last vote or a veto wins one atomic
+compare-and-set on the store) and each migration through `decide("ev/<e>/commit")`. A failed
+step sets `abort/<world>`; the launcher sets it too when it sees a worker process end. So the
+survivors of a failure all hold the state of the same finished step.
+
+Each epoch runs in a process-group world made from a `PrefixStore` on the same TCPStore: `m<e>` for
+the migration (old and new devices), `w<e>` for training on the new layout. Where the members are
+the same (a grow: the migration world is the new layout's devices; a shrink: the old layout's
+devices are the migration world) the reference worker keeps the process group (`join_world(...,
+keep=True)`); the store names (commits, aborts) are per world all the same.
+
+Timeline (what a pause is made of, launcher.loop.timeline): every Control keeps wall-time marks of what
+its worker did (`mark`; joining and forming a world, voting on and committing a step are marked
+here), which travel with the worker's result of an event (`set_result`), and stamps its vote and
+commit of the first step it commits in each training world on `tl/<world>/first/<dev>`.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+ENV_STORE = "ELASTIC_STORE"  # host:port of the control plane
+ENV_DEVICE = "ELASTIC_DEVICE"  # this worker's device id (local backend)
+ENV_NODE_INDEX = "ELASTIC_NODE_INDEX"  # index of this worker's node in the job topology (Slurm steps)
+ENV_FIRST_DEVICE = "ELASTIC_FIRST_DEVICE"  # device id of the node's GPU 0 (Slurm steps; nodes may differ in size)
+ENV_GPUS_PER_NODE = "ELASTIC_GPUS_PER_NODE"
+KEY_SHAPES = "shapes"
+ENV_LOCAL_ID = "ELASTIC_LOCAL_ID"  # local task index; Slurm steps use SLURM_LOCALID
+ENV_FIRST_EVENT = "ELASTIC_FIRST_EVENT"  # first event this worker handles
+ENV_NODE = "ELASTIC_NODE"
+ENV_CKPT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where the job's checkpoints live (suspend and safety)
+ENV_CKPT_EVERY = "ELASTIC_CHECKPOINT_EVERY"  # safety checkpoint every N steps (0: never)
+POLL_MIN_S, POLL_MAX_S = 0.0005, 0.02  # how often a waiting voter looks for the decision: first, at most
+
+
+# -- checkpoint folders: DIR/step-<S> is complete (renamed when its write finished), DIR/.tmp-step-<S> is not
+def checkpoint_paths(root, step: int):
+    """(temporary, final) folder of the checkpoint of step `step` under `root`."""
+    from pathlib import Path
+
+    return Path(root) / f".tmp-step-{step}", Path(root) / f"step-{step}"
+
+
+def latest_checkpoint(root, before: int | None = None) -> tuple[str, int] | None:
+    """(path, step) of the newest complete checkpoint under `root` (of a step < `before` if given), or None."""
+    from pathlib import Path
+
+    best = None
+    for p in Path(root).glob("step-*") if root and Path(root).is_dir() else ():
+        tail = p.name[len("step-"):]
+        if tail.isdigit() and (p / ".metadata").exists() and (best is None or int(tail) > best[1]) \
+                and (before is None or int(tail) < before):
+            best = (str(p), int(tail))
+    return best
+
+
+def finalize_checkpoint(root, step: int, keep_previous: bool = False) -> str:
+    """Publish the finished temporary checkpoint of `step` and drop older ones; returns its path.
+    Called once (by the layout's rank 0) after every rank's write completed.
+
+    keep_previous=True keeps the newest complete checkpoint before `step` too (a background safety
+    checkpoint: the launcher may have just chosen that one for a restore when this one is published,
+    and it must still be there when the restarted workers read it). An older folder is first renamed
+    to a temporary name, then deleted, so a crash half way never leaves a partial `step-<S>`."""
+    import shutil
+
+    tmp, final = checkpoint_paths(root, step)
+    if final.exists():
+        _drop(final)
+    os.replace(tmp, final)
+    older = latest_checkpoint(root, before=step) if keep_previous else None
+    for p in list(final.parent.iterdir()):
+        tail = next((p.name[len(pre):] for pre in ("step-", ".tmp-step-", ".old-step-") if p.name.startswith(pre)), "")
+        if tail.isdigit() and int(tail) < step and (older is None or str(p) != older[0]):
+            _drop(p) if p.name.startswith("step-") else shutil.rmtree(p, ignore_errors=True)
+    return str(final)
+
+
+def _drop(folder) -> None:
+    """Delete a published checkpoint folder: renamed out of `step-*` first (atomic), then removed."""
+    import shutil
+
+    gone = folder.with_name(f".old-{folder.name}")
+    os.replace(folder, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+class WorldAborted(RuntimeError):
+    """A process-group world could not be formed: one of its members failed first."""
+
+
+class Control:
+    """One connection to the control-plane store (the launcher's is the server)."""
+
+    def __init__(self, host: str, port: int, *, server: bool = False, timeout_s: float = 300.0) -> None:
+        import torch.distributed as dist  # here, not at module load: ~1.5 s that `elastic-launch --help` and
+        # its usage errors, and every module that only needs this file's key names, need not pay
+        self.host, self.port = host, port
+        self.store = dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
+                                   timeout=timedelta(seconds=timeout_s))
+        self.port = self.store.port
+        self.device: int | None = None  # this worker's device, known once it joins a world
+        self.marks: dict[str, float] = {}  # name -> wall time (time.time()) of what this worker did
+        self._first_seen: set[str] = set()  # training worlds whose first commit this worker stamped
+        self.pg_members: list[int] | None = None  # devices of the process group this worker is in, by rank
+        self.retired: list = []  # process groups of worlds left, not yet torn down (_retire_world)
+        self._retiring: list[threading.Thread] = []  # teardowns of worlds dropped (drop_retired), maybe running
+        self._settle_at_exit = False  # whether settle_retired runs at exit
+
+    @classmethod
+    def from_env(cls, timeout_s: float = 300.0) -> "Control":
+        addr = os.environ.get(ENV_STORE)
+        if not addr or ":" not in addr:
+            raise RuntimeError(f"${ENV_STORE} is not set (host:port of the launcher's control plane); "
+                               "workers are started by elastic-launch")
+        host, port = addr.rsplit(":", 1)
+        return cls(host, int(port), timeout_s=timeout_s)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # -- plain helpers ----------------------------------------------------------------------
+    def has(self, key: str) -> bool:
+        return self.store.check([key])
+
+    def get_json(self, key: str):
+        return json.loads(self.store.get(key).decode())
+
+    def set_json(self, key: str, value) -> None:
+        self.store.set(key, json.dumps(value))
+
+    def _many(self, prefix: str, devices: Iterable[int]) -> dict[int, object]:
+        return {d: json.loads(v.decode()) for d, v in self._values(prefix, devices).items()}
+
+    def _values(self, prefix: str, devices: Iterable[int]) -> dict[int, bytes]:
+        """device -> the value of key `prefix`+device, for the keys that exist. When all of them do (the
+        launcher's polls in steady state), two round trips to the store, not two per device: polling 32
+        devices one key at a time cost the launcher ~3 ms of CPU per poll, every 50-200 ms, on the cores
+        the workers train and migrate on. (multi_get waits for a missing key: only the launcher itself,
+        between its polls, deletes keys of the prefixes polled, ready/ on a restart.)"""
+        devices = list(devices)
+        keys = [f"{prefix}{d}" for d in devices]
+        if keys and self.store.check(keys):
+            return dict(zip(devices, self.store.multi_get(keys)))
+        return {d: self.store.get(k) for d, k in zip(devices, keys) if self.has(k)}
+
+    # -- model ------------------------------------------------------------------------------
+    def offer_model(self, spec: dict) -> dict:
+        """Propose the model spec; returns the one in force (the first offered)."""
+        text = json.dumps(spec, sort_keys=True)
+        return json.loads(self.store.compare_set("model", "", text).decode())
+
+    def model(self) -> dict | None:
+        return self.get_json("model") if self.has("model") else None
+
+    # -- membership and heartbeats -----------------------------------------------------------
+    def hello(self, device: int) -> None:
+        """A worker that uses the runtime API says so first thing (`hello/<dev>`): the launcher then
+        runs the job in live mode and waits for it to register (launcher.runtime)."""
+        self.store.set(f"hello/{device}", str(os.getpid()))
+
+    def hellos(self, devices: Iterable[int]) -> list[int]:
+        return [d for d in devices if self.has(f"hello/{d}")]
+
+    def set_ready(self, device: int, info: dict) -> None:
+        self.set_json(f"ready/{device}", info)
+
+    def ready(self, devices: Iterable[int]) -> dict[int, dict]:
+        return self._many("ready/", devices)  # type: ignore[return-value]
+
+    def set_step(self, device: int, step: int) -> None:
+        self.store.set(f"step/{device}", str(step))
+
+    def set_loss(self, step: int, loss: float, layout: str) -> None:
+        """The latest committed step's loss (the launcher copies it to the database for the timeline)."""
+        self.set_json("loss", {"step": step, "loss": loss, "layout": layout})
+
+    def loss(self) -> dict | None:
+        return self.get_json("loss") if self.has("loss") else None
+
+    def steps(self, devices: Iterable[int]) -> dict[int, int]:
+        return {d: int(v.decode()) for d, v in self._values("step/", devices).items()}
+
+    # -- events -----------------------------------------------------------------------------
+    def post(self, event: dict) -> None:
+        self.set_json(f"ev/{event['epoch']}", event)
+
+    def event(self, epoch: int) -> dict | None:
+        key = f"ev/{epoch}"
+        return self.get_json(key) if self.has(key) else None
+
+    def wait_event(self, epoch: int, poll_s: float = 0.05) -> dict:
+        while True:
+            ev = self.event(epoch)
+            if ev is not None:
+                return ev
+            time.sleep(poll_s)
+
+    def agree_at(self, epoch: int, finished_steps: int) -> int:
+        """The step boundary of event `epoch`: the first proposal wins (see the module docstring)."""
+        return int(self.store.compare_set(f"ev/{epoch}/at", "", str(finished_steps + 2)).decode())
+
+    def at(self, epoch: int) -> int | None:
+        key = f"ev/{epoch}/at"
+        return int(self.store.get(key).decode()) if self.has(key) else None
+
+    def where_workers_are(self, epoch: int, devices: list[int]) -> str:
+        """Where event `epoch` found the workers, for a migration that timed out: the step boundary they
+        agreed on and each worker's finished steps (its heartbeat). A worker past the boundary kept
+        training while the others migrated; one short of it is stuck in a step."""
+        at, steps = self.at(epoch), self.steps(devices)
+        return (f"agreed boundary: {'after step ' + str(at) if at is not None else 'none yet'}; finished steps: "
+                + ", ".join(f"device {d} {steps.get(d, '-')}" for d in devices))
+
+    def set_result(self, epoch: int, device: int, result: dict) -> None:
+        """Report this participant's result of event `epoch`, with the marks of what it did so far
+        (`marks`, wall times; cleared once sent, the vote and commit of the last step are kept)."""
+        self.set_json(f"ev/{epoch}/res/{device}", {**result, "marks": dict(self.marks)})
+        self.marks = {k: v for k, v in self.marks.items() if k in ("voted", "committed")}
+
+    def mark(self, name: str, when: float | None = None) -> None:
+        """Note the wall time of `name` (now by default) for the timeline of the current event."""
+        self.marks[name] = time.time() if when is None else when
+
+    def formed_s(self, world: str) -> float:
+        """Seconds forming process-group world `world` took by this worker's marks, not counting the wait
+        for its members to arrive (a joiner waits there for the old layout's last step; launcher.loop.timeline
+        shows the waits). 0 when this worker did not join it."""
+        return self.marks.get(f"formed {world}", 0.0) - self.marks.get(f"met {world}", 0.0)
+
+    def results(self, epoch: int, devices: Iterable[int]) -> dict[int, dict]:
+        return self._many(f"ev/{epoch}/res/", devices)  # type: ignore[return-value]
+
+    def reported(self, epoch: int, devices: Iterable[int]) -> bool:
+        """Whether every one of `devices` has set its result of event `epoch` (one round trip)."""
+        return self.store.check([f"ev/{epoch}/res/{d}" for d in devices])
+
+    # -- all-or-nothing decisions (consistent cuts) ---------------------------------------------
+    def decide(self, key: str, n: int, abort_key: str | None = None, poll_s: float = POLL_MAX_S,
+               on_commit: Callable[[], None] | None = None) -> bool:
+        """Vote yes on decision `key` among `n` voters; True when all n voted yes (commit), False
+        when somebody vetoed (`veto`) or `abort_key` appeared first. The outcome is the same for
+        every voter: the last yes-voter and any vetoer race with one atomic compare-and-set.
+        `on_commit` runs once, on the voter whose yes committed the decision, right after it.
+
+        Waiting voters poll with `check` (tens of microseconds) at a growing interval up to `poll_s`,
+        never with a timed-out `TCPStore.wait`: measured with torch 2.13 on this machine, waiters
+        that time out and wait again in several processes at once saw a key seconds after it was set
+        (4 processes polling every 50 ms: 3.0 s; 16: 2.1 s, once never within 60 s), which made the
+        ranks of one layout leave a committed step seconds apart (`elastic bench --explain`)."""
+        if self.store.add(f"{key}/n", 1) >= n:
+            committed = self._settle(key, "go")
+            if committed and on_commit is not None:
+                on_commit()
+            return committed
+        keys, sleep = [key], POLL_MIN_S
+        while not self.store.check(keys):
+            if abort_key is not None and self.store.check([abort_key]):
+                return self._settle(key, "no")
+            time.sleep(sleep)
+            sleep = min(sleep * 2, poll_s)
+        return self.store.get(key).decode() == "go"
+
+    def commit_step(self, world: str, step: int, n: int) -> bool:
+        """All-or-nothing commit of the step after `step` finished steps in training world `world`
+        (n ranks vote). The commit's wall time is stamped on the store (`t/<world>/first` once,
+        `t/<world>/last` every step), so the launcher can tell how long a migration stopped training:
+        from the old world's last commit to the new world's first (see `commit_times`)."""
+        def stamp() -> None:
+            now = repr(time.time())
+            self.store.compare_set(f"t/{world}/first", "", now)
+            self.store.set(f"t/{world}/last", now)
+
+        self.mark("voted")
+        ok = self.decide(f"c/{world}/{step}", n, f"abort/{world}", on_commit=stamp)
+        if ok:
+            self.mark("committed")
+            if world not in self._first_seen and self.device is not None:
+                self._first_seen.add(world)
+                self.set_json(f"tl/{world}/first/{self.device}", {"voted": self.marks["voted"],
+                                                                  "committed": self.marks["committed"]})
+        return ok
+
+    def first_step_marks(self, world: str, devices: Iterable[int]) -> dict[int, dict]:
+        """device -> {voted, committed}: when each worker voted on and saw the commit of its first step in `world`."""
+        return self._many(f"tl/{world}/first/", devices)  # type: ignore[return-value]
+
+    def commit_times(self, world: str) -> tuple[float | None, float | None]:
+        """(first, last) wall time (time.time()) a step of training world `world` committed, None if none yet."""
+        out = []
+        for which in ("first", "last"):
+            key = f"t/{world}/{which}"
+            out.append(float(self.store.get(key).decode()) if self.has(key) else None)
+        return out[0], out[1]
+
+    def veto(self, key: str) -> bool:
+        """Stop decision `key` from committing; True if it had committed already (too late)."""
+        return self._settle(key, "no")
+
+    def _settle(self, key: str, value: str) -> bool:
+        return self.store.compare_set(key, "", value).decode() == "go"
+
+    def abort_world(self, world: str) -> None:
+        """Tell the members of training world `world` to abandon their current step."""
+        self.store.set(f"abort/{world}", "1")
+
+    # -- process-group worlds ---------------------------------------------------------------
+    def join_world(self, name: str, members: list[int], device: int, timeout_s: float,
+                   abort_key: str | None = None, keep: bool = False) -> int:
+        """Leave the current world (if any) and join world `name` of `members`; returns my rank in it
+        (my index in `members`; `world_ranks(members)` gives the process-group rank of each member).
+
+        With `abort_key`, the members first meet on the store and WorldAborted is raised when the key
+        appears before all of them arrived (a member died): gloo's own rendezvous would wait out
+        `timeout_s` for it.
+
+        keep=True (with `abort_key`): when the process group this worker is in has exactly these members
+        (in any order) and every member asks to keep it, it is kept as the world `name` instead of forming
+        a new one (a gloo world of N processes
+        takes from 0.05 s to 0.5 s on this machine to form, inside the pause). Only a caller that
+        knows the group is healthy says so: after a migration committed in it, or a training
+        world whose steps commit; a group whose sockets were cut is never kept."""
+        import torch.distributed as dist
+
+        self.device = device
+        self.mark(f"join {name}")
+        rank = members.index(device)
+        can_keep = keep and abort_key is not None and dist.is_initialized() and self.pg_members is not None \
+            and sorted(self.pg_members) == sorted(members)
+        if can_keep:
+            self.store.add(f"keep/{name}", 1)
+        if abort_key is not None and not self.decide(f"join/{name}", len(members), abort_key):
+            raise WorldAborted(f"world {name}: a member did not arrive ({abort_key} set)")
+        # every member's wish was counted before its vote: the group is kept only if all of them can keep it
+        kept = can_keep and self.store.add(f"keep/{name}", 0) == len(members)
+        if dist.is_initialized() and not kept:
+            self._retire_world()
+        if kept:
+            self.mark(f"kept {name}")  # the process group was kept (tests and the timeline can tell)
+        self.mark(f"met {name}")
+        if not kept:
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"world/{name}/", self.store), rank=rank,
+                                    world_size=len(members), timeout=timedelta(seconds=timeout_s))
+            self.pg_members = list(members)
+        self.mark(f"formed {name}")
+        return rank
+
+    def _retire_world(self) -> None:
+        """Leave the current world without tearing it down inside the pause: its process groups (the
+        world's and its mesh's) are kept alive in `retired` past destroy_process_group, whose work is
+        their destructors (joining gloo's threads, closing a socket per peer: up to 0.24 s among 24
+        processes on 2 cores, and the next world forms slower meanwhile). drop_retired() lets them go.
+        They are gone before the process ends (settle_retired, registered to run at exit): a gloo group
+        that drop_retired's daemon thread still tears down while the interpreter finalizes aborts the
+        process ("terminate called without an active exception", exit -6), and the launcher would take
+        a worker that finished for one that failed; one never dropped is torn down there too, so none is
+        left to the interpreter's teardown."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        self.retired += list(c10d._world.pg_names)
+        if not self._settle_at_exit:
+            self._settle_at_exit = True
+            atexit.register(self.settle_retired)
+        dist.destroy_process_group()
+        self.pg_members = None
+
+    def drop_retired(self) -> None:
+        """Tear down the retired worlds' process groups in the background (once the new world trains).
+        The process waits for that teardown before it ends (settle_retired, run at exit)."""
+        if not self.retired:
+            return
+        groups, self.retired = self.retired, []
+        teardown = threading.Thread(target=groups.clear, name="retire-worlds", daemon=True)
+        self._retiring = [t for t in self._retiring if t.is_alive()] + [teardown]
+        teardown.start()
+
+    def settle_retired(self, timeout_s: float = 30.0) -> None:
+        """Wait (at most `timeout_s`) for the retired worlds' teardowns to end, and tear down here any
+        retired world not dropped yet. The teardown threads are daemons rather than threads the exit
+        waits for without end: one that hangs (a peer's socket that never closes) lets the process end
+        after `timeout_s` all the same."""
+        deadline = time.monotonic() + timeout_s
+        for teardown in self._retiring:
+            teardown.join(max(0.0, deadline - time.monotonic()))
+        self.retired.clear()
+
+    def world_ranks(self, devices: Iterable[int]) -> list[int]:
+        """The process-group rank of each of `devices` in the world this worker is in."""
+        if self.pg_members is None:
+            raise RuntimeError("not in a world (join_world first)")
+        return [self.pg_members.index(d) for d in devices]

@@ -1,0 +1,108 @@
+"""Step commits on a real control-plane store: the committing vote stamps the wall time the
+launcher measures a migration's pause with."""
+from __future__ import annotations
+
+import threading
+import time
+
+from launcher.wire.control import Control
+
+
+def _vote_all(port: int, world: str, step: int, n: int) -> list[bool]:
+    """n voters, each on its own connection (as n worker processes are), vote on one step."""
+    out: list[bool] = [False] * n
+
+    def vote(i: int) -> None:
+        out[i] = Control("127.0.0.1", port).commit_step(world, step, n)
+
+    threads = [threading.Thread(target=vote, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return out
+
+
+def test_commit_stamps_first_and_last_commit_times() -> None:
+    server = Control("127.0.0.1", 0, server=True)
+    assert server.commit_times("w0") == (None, None)
+    before = time.time()
+    assert _vote_all(server.port, "w0", 0, 3) == [True] * 3
+    first, last = server.commit_times("w0")
+    assert first is not None and before <= first == last <= time.time()
+    time.sleep(0.01)
+    assert _vote_all(server.port, "w0", 1, 3) == [True] * 3
+    first2, last2 = server.commit_times("w0")
+    assert first2 == first and last2 > first  # the first commit stays, the last moves on
+    assert server.commit_times("w1") == (None, None)  # worlds are stamped separately
+
+
+def test_an_aborted_step_stamps_nothing() -> None:
+    server = Control("127.0.0.1", 0, server=True)
+    server.abort_world("w2")
+    voter = Control("127.0.0.1", server.port)
+    assert voter.commit_step("w2", 0, 2) is False  # the second voter never comes; the world was aborted
+    assert server.commit_times("w2") == (None, None)
+
+
+
+def _result(server: Control, epoch: int, device: int) -> dict:
+    """The result once the store has it: a TCPStore `set` is not acknowledged, so another connection
+    may read before it lands (seen in about 1 of 5 immediate reads on this machine)."""
+    deadline = time.monotonic() + 10
+    while not server.results(epoch, [device]) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return server.results(epoch, [device])[device]
+
+
+def test_marks_travel_with_results_and_the_first_commit_of_a_world_is_stamped_per_device() -> None:
+    server = Control("127.0.0.1", 0, server=True)
+    worker = Control("127.0.0.1", server.port)
+    worker.device = 3
+    worker.mark("boundary", 12.5)
+    assert worker.commit_step("w4", 0, 1) and worker.commit_step("w4", 1, 1)
+    worker.set_result(4, 3, {"ok": True})  # after the marks' set: the same connection keeps the order
+    got = _result(server, 4, 3)
+    assert got["ok"] is True and got["marks"]["boundary"] == 12.5 and "voted" in got["marks"]
+    first = server.first_step_marks("w4", [3, 5])
+    assert list(first) == [3] and first[3]["voted"] <= first[3]["committed"] <= server.commit_times("w4")[1]
+    worker.set_result(5, 3, {"ok": True})  # sent marks are cleared; the last step's vote and commit stay
+    assert set(_result(server, 5, 3)["marks"]) == {"voted", "committed"}
+
+
+def test_a_timed_out_migration_says_where_every_worker_stood() -> None:
+    """`elastic-launch`'s message for a migration without results: the boundary the workers agreed on
+    and each one's finished steps, so a worker that trained past the boundary (or one stuck before it)
+    shows in the log."""
+    server = Control("127.0.0.1", 0, server=True)  # one connection: its writes land in order
+    assert server.where_workers_are(1, [0, 1]) == \
+        "agreed boundary: none yet; finished steps: device 0 -, device 1 -"
+    for device, step in ((0, 5), (1, 6), (2, 5)):
+        server.set_step(device, step)
+    assert server.agree_at(1, 3) == 5  # the first proposal: 3 finished steps + 2
+    assert server.agree_at(1, 4) == 5  # a later one gets the agreed boundary
+    assert server.where_workers_are(1, [0, 1, 2, 3]) == \
+        "agreed boundary: after step 5; finished steps: device 0 5, device 1 6, device 2 5, device 3 -"
+
+
+def _bare(results: dict[int, dict]) -> dict[int, dict]:
+    return {d: {k: v for k, v in r.items() if k != "marks"} for d, r in results.items()}
+
+
+def test_polls_read_every_device_whether_all_some_or_none_have_reported() -> None:
+    server = Control("127.0.0.1", 0, server=True)
+    worker = Control("127.0.0.1", server.port)
+    devices = list(range(8))
+    assert server.steps(devices) == {} and server.results(3, devices) == {} and not server.reported(3, devices)
+    for d in devices[::2]:
+        worker.set_step(d, 10 + d)
+        worker.set_result(3, d, {"ok": True, "device": d})
+    assert server.steps(devices) == {d: 10 + d for d in devices[::2]}
+    assert _bare(server.results(3, devices)) == {d: {"ok": True, "device": d} for d in devices[::2]}
+    assert not server.reported(3, devices) and server.reported(3, devices[::2])
+    for d in devices[1::2]:
+        worker.set_step(d, 20 + d)
+        worker.set_result(3, d, {"ok": False, "device": d})
+    assert server.steps(devices) == {d: (10 if d % 2 == 0 else 20) + d for d in devices}
+    assert _bare(server.results(3, reversed(devices))) == {d: {"ok": d % 2 == 0, "device": d} for d in devices}
+    assert server.reported(3, devices) and server.results(4, devices) == {}
