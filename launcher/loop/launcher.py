@@ -171,8 +171,7 @@ class Launcher:
     def start_nodes(self, nodes: list[str], first_event: int) -> None:
         """Start the workers of `nodes` from the start request; they handle events from `first_event` on."""
         for n in nodes:
-            for d in self.node_devices(n):  # registrations of earlier workers of this node (a grow after a shrink)
-                self.ctl.store.delete_key(f"ready/{d}")
+            self.ctl.forget_workers(self.node_devices(n))  # earlier workers of this node (a grow after a shrink)
             self.log(f"starting workers on {n}")
             self.handles[n] = self.backend.start(n, self.index[n], self.request.env(first_event), self.request.command)
             if self.handles[n].devices != self.node_devices(n):  # the backend numbers devices as the topology does
@@ -212,7 +211,7 @@ class Launcher:
             if dead:  # a worker that reported, then exited, is not dead
                 dead = {d: rc for d, rc in dead.items() if not self.ctl.results(e, [d])}
             late = time.monotonic() > deadline
-            if (dead or late) and self.ctl.veto(f"ev/{e}/commit"):
+            if (dead or late) and self.ctl.veto_event(e):
                 # every participant had voted yes already: the new layout stands
                 return self._results_after_commit(e, participants, dead, deadline)
             if dead and not any(dead.values()) and set(dead) <= set(self.current.devices):

@@ -114,10 +114,7 @@ class Transaction:
         t0 = time.perf_counter()
         job.lost -= {d for n in keep for d in job.node_devices(n)}  # every worker of `keep` starts afresh
         try:
-            for n in keep:
-                for d in job.node_devices(n):
-                    job.ctl.store.delete_key(f"ready/{d}")  # the old processes' registrations
-                    job.ctl.store.set(f"step/{d}", str(step))
+            job.ctl.forget_workers([d for n in keep for d in job.node_devices(n)], step)
             job.start_nodes(keep, e)
             job.wait_ready(keep)
             job.epoch = e

@@ -104,9 +104,7 @@ class RestartMode:
             env = {**la.request.env(la.epoch + 1),
                    **torchrun_env(master_addr=la.opts.master_addr, master_port=port, node_rank=pos, node_sizes=sizes,
                                   restart_count=self.count, run_id=f"{la.opts.job_name}-{la.job_id}")}
-            for d in la.node_devices(n):  # an earlier world's processes said these
-                la.ctl.store.delete_key(f"hello/{d}")
-                la.ctl.store.delete_key(f"ready/{d}")
+            la.ctl.forget_workers(la.node_devices(n))  # an earlier world's processes said hello and ready
             la.log(f"starting workers on {n} (restart {self.count}, group rank {pos})")
             la.handles[n] = la.backend.start(n, la.index[n], env, worker_command(la.opts.command))
         la.current = self.layout(nodes)

@@ -201,6 +201,15 @@ class Control:
     def ready(self, devices: Iterable[int]) -> dict[int, dict]:
         return self._many("ready/", devices)  # type: ignore[return-value]
 
+    def forget_workers(self, devices: Iterable[int], step: int | None = None) -> None:
+        """New processes take over `devices`: the old ones' hellos and registrations go (and, for a restore
+        from a checkpoint, their step counts start again at `step`)."""
+        for d in devices:
+            self.store.delete_key(f"hello/{d}")
+            self.store.delete_key(f"ready/{d}")
+            if step is not None:
+                self.set_step(d, step)
+
     def set_step(self, device: int, step: int) -> None:
         self.store.set(f"step/{device}", str(step))
 
@@ -329,6 +338,10 @@ class Control:
     def veto(self, key: str) -> bool:
         """Stop decision `key` from committing; True if it had committed already (too late)."""
         return self._settle(key, "no")
+
+    def veto_event(self, epoch: int) -> bool:
+        """Stop migration `epoch` from committing (veto); True if every participant had voted yes already."""
+        return self.veto(f"ev/{epoch}/commit")
 
     def _settle(self, key: str, value: str) -> bool:
         return self.store.compare_set(key, "", value).decode() == "go"
