@@ -83,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
                "  exec elastic-launch --nnodes 2:4 --gpus-per-node 4 --layouts pp4tp2,pp2tp4,pp2tp2 \\\n"
                "      --db sqlite:///$HOME/elastic.db -- python -m launcher.worker --layers 24 --hidden 512",
     )
+    _add_job_arguments(p)
+    _add_state_arguments(p)
+    _add_run_arguments(p)
+    return p
+
+
+def _add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """What the job runs on: nodes, GPUs, layouts, database, backend, control plane, signals."""
     p.add_argument("--nnodes", default="1", metavar="MIN:MAX",
                    help="nodes to run on, N or MIN:MAX (torchrun's spelling); the job never shrinks below MIN "
                         "(default 1)")
@@ -116,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what SIGUSR1 (Slurm's warning, #SBATCH --signal=B:USR1@60) does: shrink to MIN nodes, "
                         "suspend (stop the workers at a step boundary, mark the job suspended), or ignore "
                         "(default shrink)")
+
+
+def _add_state_arguments(p: argparse.ArgumentParser) -> None:
+    """How the training state is kept: checkpoints, release early, placement, resume."""
     p.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR",
                    help="where the job's checkpoints go (suspend, --checkpoint-every) and --resume reads them; "
                         "every node must see it (default: checkpoints/<job name> next to a SQLite --db, else "
@@ -137,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="resume the suspended job of --job-name from its checkpoint (the database's, else the "
                         "newest complete one in --checkpoint-dir) on whatever layout fits now, at the next step")
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Logs, timeouts, the mode, restarts, the dry run and the program."""
     p.add_argument("--log-dir", type=Path, default=None, help="write worker output under this folder (default: inherit)")
     p.add_argument("--poll", type=float, default=0.2, help="seconds between checks of workers and requests (default 0.2)")
     p.add_argument("--ready-timeout", type=float, default=180.0,
@@ -163,7 +179,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the srun and scontrol commands it would run and exit; starts and writes nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="the worker program, e.g. `-- python -m launcher.worker --layers 24 --hidden 512`")
-    return p
 
 
 @dataclass
@@ -260,8 +275,6 @@ def _node_gpus(args: argparse.Namespace) -> tuple[int, ...]:
         except ValueError:
             raise UsageError(f"--gpus-per-node takes a count or counts per node like 4,4,2,2, got {text!r}") from None
         return ()
-    from launcher.commands.plan import parse_node_sizes
-
     sizes = tuple(parse_node_sizes(text))
     slurm = args.backend == "slurm" or (args.backend == "auto" and (args.job_id or os.environ.get("SLURM_JOB_ID")))
     if slurm:
@@ -271,6 +284,17 @@ def _node_gpus(args: argparse.Namespace) -> tuple[int, ...]:
         raise UsageError(f"--local-nodes {args.local_nodes} but --gpus-per-node names {len(sizes)} nodes")
     if parse_nnodes(args.nnodes)[1] > len(sizes):
         raise UsageError(f"--nnodes {args.nnodes} asks for more nodes than the {len(sizes)} of --gpus-per-node")
+    return sizes
+
+
+def parse_node_sizes(text: str) -> list[int]:
+    """`8` or `4,4,2,2` -> GPU counts; a clear error for anything else."""
+    try:
+        sizes = [int(x) for x in str(text).split(",")]
+    except ValueError:
+        raise UsageError(f"--gpus-per-node takes a count or counts per node like 4,4,2,2, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise UsageError(f"--gpus-per-node must be at least 1 per node, got {text!r}")
     return sizes
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 import signal as signal_module
 import subprocess
+from pathlib import Path
 import sys
 import threading
 import time
@@ -188,6 +189,9 @@ class NodeBackend(Protocol):
 
     def close(self, report: Reporter) -> None:
         """The launcher exits: give back whatever `acquire` got."""
+
+    def output_files(self, node: str, devices: Sequence[int]) -> list[Path]:
+        """Where the output of these workers of `node` goes (none: to elastic-launch's own), for error messages."""
 
 
 def stop_handle(handle: NodeHandle, timeout: float) -> bool:

@@ -49,6 +49,10 @@ class LocalNodes:
     def allocation(self) -> list[str]:
         return list(self.names)
 
+    def output_files(self, node: str, devices) -> list[Path]:
+        """One log per worker."""
+        return [] if self.log_dir is None else [self.log_dir / f"worker-dev{d}.log" for d in sorted(devices)]
+
     @property
     def batch_node(self) -> str:
         return self.names[0]

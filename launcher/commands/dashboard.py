@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _password(from_stdin: bool) -> str:
-    from launcher.cli import UsageError
+    from launcher.errors import UsageError
 
     if from_stdin:
         pw = sys.stdin.readline().rstrip("\r\n")
@@ -98,7 +98,7 @@ def _password(from_stdin: bool) -> str:
 
 
 def _manage_users(args: argparse.Namespace, url: str) -> int:
-    from launcher.cli import UsageError
+    from launcher.errors import UsageError
     from launcher.commands.history import open_store
 
     store = open_store(url, create=True)  # the first user may come before the first job
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from dashboard.config import ConfigError, load_config
     from db import DatabaseError
     from db.urls import default_url
-    from launcher.cli import UsageError
+    from launcher.errors import UsageError
 
     try:
         config = load_config(args.config)

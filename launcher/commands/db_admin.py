@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from db import DatabaseError, Store
     from db.schema import CURRENT_VERSION
     from db.urls import default_url, normalize_url
-    from launcher.cli import UsageError
+    from launcher.errors import UsageError
 
     url = args.db or default_url()
     try:

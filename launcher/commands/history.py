@@ -94,7 +94,7 @@ def _rank_map_table(rows: list[dict[str, Any]]) -> str:
 def _rank_maps(args: argparse.Namespace) -> int:
     """`elastic history --rank-maps --job J`: the job's rank maps, every epoch, as a table, JSON or CSV."""
     from db.exports import RANK_MAP_COLUMNS, rank_map_rows
-    from launcher.cli import UsageError
+    from launcher.errors import UsageError
 
     if not args.job:
         raise UsageError("--rank-maps needs --job (a job id or name)")
@@ -112,7 +112,7 @@ def _rank_maps(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from db.filters import MAX_LIMIT, parse_history_filters, parse_int
     from db.store import HISTORY_COLUMNS
-    from launcher.cli import UsageError
+    from launcher.errors import UsageError
 
     if args.rank_maps:
         return _rank_maps(args)

@@ -6,6 +6,7 @@ import math
 
 from db.units import human_bytes
 from launcher.errors import UsageError
+from launcher.options import parse_node_sizes
 
 
 def add_model_arguments(p: argparse.ArgumentParser, layers: int | None = None, hidden: int | None = None) -> None:
@@ -57,17 +58,6 @@ def _parse_failed(text: str) -> frozenset[int]:
         return frozenset(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise UsageError(f"--failed takes comma-separated device ids like 3,5, got {text!r}") from None
-
-
-def parse_node_sizes(text: str) -> list[int]:
-    """`8` or `4,4,2,2` -> GPU counts; a clear error for anything else."""
-    try:
-        sizes = [int(x) for x in str(text).split(",")]
-    except ValueError:
-        raise UsageError(f"--gpus-per-node takes a count or counts per node like 4,4,2,2, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise UsageError(f"--gpus-per-node must be at least 1 per node, got {text!r}")
-    return sizes
 
 
 def run(args: argparse.Namespace) -> int:

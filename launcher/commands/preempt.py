@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.cli import UsageError
+    from launcher.errors import UsageError
 
     if args.nodes is not None and not args.nodes.strip(", "):
         raise UsageError("--nodes is empty; give e.g. --nodes n3,n4")

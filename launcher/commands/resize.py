@@ -37,7 +37,7 @@ def requester(user: str | None) -> str:
 
 def lookup_job(store: "Store", ref: str) -> "Job":
     """The job named by id or name, or UsageError (exit 2) so nothing gets written."""
-    from launcher.cli import UsageError
+    from launcher.errors import UsageError
 
     job = store.find_job(ref)
     if job is None:
@@ -49,7 +49,7 @@ def request(args: argparse.Namespace, action: str, raw: dict[str, object]) -> in
     """Validate (db.requests, the same rules as the dashboard and the launcher) and queue one request;
     action "resize" becomes grow or shrink by the nodes the job holds now."""
     from db.requests import check_request, held_nodes
-    from launcher.cli import UsageError
+    from launcher.errors import UsageError
 
     store = open_store(args.db)
     try:
@@ -75,7 +75,7 @@ def queue(store: "Store", job: "Job", action: str, params: dict[str, object], wh
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.cli import UsageError
+    from launcher.errors import UsageError
 
     if args.nodes < 1:
         raise UsageError("--nodes must be at least 1")

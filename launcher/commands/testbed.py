@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from launcher.cli import UsageError
+from launcher.errors import UsageError
 from launcher.testbed.cluster import DEFAULT_GPUS, DEFAULT_ROOT, Testbed, TestbedError, parse_gpus
 
 ACTIONS = ("up", "down", "status")

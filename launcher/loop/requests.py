@@ -1,22 +1,17 @@
 """Admin requests (`elastic resize/preempt/suspend/resume`, dashboard buttons) read from the database, carried out by the launcher.
 
 This is the one place where the launcher turns a queued request into a decision (grow, shrink,
-preempt, suspend) and answers it: every request ends `done` or `failed` with a message. Checks of
+preempt, suspend: `la` is the job's control loop, launcher.loop.launcher.Launcher) and answers it: every request ends `done` or `failed` with a message. Checks of
 the request's shape that the CLI and dashboard share belong in the admin-request validation
 they share; what is checked here is what only the running job knows (its node count, --nnodes).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from db.requests import validate_request
 from launcher.loop.outcome import Outcome
 
-if TYPE_CHECKING:
-    from launcher.loop.launcher import Launcher
 
-
-def trigger_of(la: "Launcher", req) -> str:
+def trigger_of(la, req) -> str:
     """The migration trigger a request is recorded under: dashboard, preempt or resize."""
     for row in la.db.audit_log(limit=100, target=f"job:{la.job_id}"):
         if f"request {req.id} queued" in row.result and "via CLI" not in row.result:
@@ -26,7 +21,7 @@ def trigger_of(la: "Launcher", req) -> str:
     return "preempt" if req.action == "preempt" else "resize"
 
 
-def carry_out(la: "Launcher", req, trigger: str) -> Outcome:
+def carry_out(la, req, trigger: str) -> Outcome:
     """Decide what the request asks of the running job and do it (after the shared validation,
     db.requests, on the nodes the launcher really holds: a request queued before a change may no
     longer fit)."""
@@ -53,7 +48,7 @@ def carry_out(la: "Launcher", req, trigger: str) -> Outcome:
     return Outcome(trigger, False, f"{req.action} is not supported by this launcher version")
 
 
-def handle_request(la: "Launcher", req) -> None:
+def handle_request(la, req) -> None:
     """Carry out one pending request and record its answer."""
     trigger = trigger_of(la, req)
     la.log(f"request {req.id}: {req.action} {req.params} ({trigger})")

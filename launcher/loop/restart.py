@@ -9,7 +9,7 @@ connect to it as a client on every rank) -- never the launcher's own control-pla
 On a resize, a preemption, Slurm's warning signal or a worker failure the launcher stops every
 worker (SIGTERM, SIGKILL after --term-timeout), and starts the new world on the new node set; the
 script resumes from its own checkpoint. This module holds the pure parts (the environment) and
-the script's rendezvous; the launcher (launcher.launch) records each restart like a migration.
+the script's rendezvous, and RestartMode, which carries each restart out and records it like a migration.
 """
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from launcher.runtime.torchrun_exec import ENV_RANK_BASE
-from launcher.loop.outcome import release_departed
+from launcher.loop.outcome import MigrationFailed, Outcome
+from migrate.layout import ParallelConfig
+from migrate.topology import RankMap
 
 
 def torchrun_env(*, master_addr: str, master_port: int, node_rank: int, node_sizes: Sequence[int],
@@ -70,7 +72,7 @@ class ScriptRendezvous:
 
 
 class RestartMode:
-    """The restart-mode half of one job's control loop (launcher.loop.launcher.Launcher delegates to it).
+    """One restart-mode job's running world (launcher.loop.launcher.Launcher runs it like a live one).
 
     Each world is every device of the nodes it runs on, recorded as a rank map of layout
     pp1tp1dp<W>; each restart is recorded as a migration of kind `restart` with phases `stop`
@@ -79,46 +81,44 @@ class RestartMode:
     script's own checkpoint load and first step come on top).
     """
 
-    def __init__(self, la) -> None:
-        self.la = la
-        self.rdzv = ScriptRendezvous(la.ctl.host)
+    def __init__(self, opts, ctl, holdings, workers, recorder, env_for) -> None:
+        self.opts, self.ctl, self.holdings, self.workers, self.recorder = opts, ctl, holdings, workers, recorder
+        self.env_for = env_for  # the start request's environment (launcher.loop.start_request)
+        self.log = recorder.log
+        self.rdzv = ScriptRendezvous(ctl.host)
+        self.current: RankMap | None = None
         self.count = 0  # TORCHELASTIC_RESTART_COUNT of the running world
         self.killed: list[str] = []  # nodes whose workers the last stop_world had to SIGKILL
         self.failures = 0
 
     # -- one world ------------------------------------------------------------------------------
-    def layout(self, nodes: list[str]):
-        from migrate.layout import ParallelConfig
-        from migrate.topology import RankMap
-
-        devices = tuple(d for n in nodes for d in self.la.node_devices(n))
+    def layout(self, nodes: list[str]) -> RankMap:
+        devices = tuple(d for n in nodes for d in self.holdings.node_devices(n))
         return RankMap(ParallelConfig(dp=len(devices)), devices)
 
     def start_world(self, nodes: list[str]) -> None:
         """Start every worker of `nodes` as one torchrun world (a fresh rendezvous store)."""
-        la = self.la
-        nodes = [n for n in la.alloc if n in set(nodes)]
-        sizes = [len(la.node_devices(n)) for n in nodes]
+        nodes = self.holdings.in_order(nodes)
+        sizes = [len(self.holdings.node_devices(n)) for n in nodes]
         port = self.rdzv.new_world(sum(sizes))
         for pos, n in enumerate(nodes):
-            env = {**la.request.env(la.epoch + 1),
-                   **torchrun_env(master_addr=la.opts.master_addr, master_port=port, node_rank=pos, node_sizes=sizes,
-                                  restart_count=self.count, run_id=f"{la.opts.job_name}-{la.job_id}")}
-            la.ctl.forget_workers(la.node_devices(n))  # an earlier world's processes said hello and ready
-            la.log(f"starting workers on {n} (restart {self.count}, group rank {pos})")
-            la.handles[n] = la.backend.start(n, la.index[n], env, worker_command(la.opts.command))
-        la.current = self.layout(nodes)
+            env = {**self.env_for(0),
+                   **torchrun_env(master_addr=self.opts.master_addr, master_port=port, node_rank=pos,
+                                  node_sizes=sizes, restart_count=self.count,
+                                  run_id=f"{self.opts.job_name}-{self.recorder.job_id}")}
+            self.ctl.forget_workers(self.holdings.node_devices(n))  # an earlier world's processes said hello and ready
+            self.log(f"starting workers on {n} (restart {self.count}, group rank {pos})")
+            self.workers.start(n, env, worker_command(self.opts.command))
+        self.current = self.layout(nodes)
 
     def wait_formed(self, timeout: float) -> None:
         """Until the new world's rendezvous formed; MigrationFailed when a worker exits first or time runs out."""
-        from launcher.loop.outcome import MigrationFailed
-
         deadline = time.monotonic() + timeout
         while not self.rdzv.formed():
-            done = self.la.dead(all_codes=True)
+            done = self.workers.dead(all_codes=True)
             if done:
                 raise MigrationFailed(f"workers {sorted(done)} exited (codes {sorted(set(done.values()))}) before "
-                                      f"the new world formed; {self.la.log_hint(done)}")
+                                      f"the new world formed; {self.workers.log_hint(done)}")
             if time.monotonic() > deadline:
                 raise MigrationFailed(f"the script's rendezvous did not form within {timeout:.0f} s")
             time.sleep(0.05)
@@ -127,18 +127,13 @@ class RestartMode:
         """SIGTERM every worker, SIGKILL after --term-timeout; returns the seconds it took. The nodes whose
         workers had to be killed are in `self.killed` (a restart's history says so: such a pause is the
         timeout's, not the script's)."""
-        la = self.la
         t0 = time.perf_counter()
-        handles = list(la.handles.items())
-        for _n, h in handles:
-            la.backend.signal(h, signal.SIGTERM)
-        deadline = time.monotonic() + la.opts.term_timeout
+        self.workers.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + self.opts.term_timeout
         self.killed = []
-        for n, h in handles:
-            if not la.backend.stop(h, max(deadline - time.monotonic(), 0.0)):
+        for n in list(self.workers.handles):
+            if not self.workers.reap(n, max(deadline - time.monotonic(), 0.0)):
                 self.killed.append(n)
-                la.log(f"workers on {n} ignored SIGTERM for {la.opts.term_timeout:.0f} s; killed them")
-            la.handles.pop(n, None)
         return time.perf_counter() - t0
 
     def killed_note(self) -> list[str]:
@@ -146,106 +141,85 @@ class RestartMode:
         if not self.killed:
             return []
         return [f"workers on {','.join(self.killed)} did not exit within --term-timeout "
-                f"{self.la.opts.term_timeout:g} s of SIGTERM; killed"]
+                f"{self.opts.term_timeout:g} s of SIGTERM; killed"]
 
     # -- a restart, recorded like a migration ---------------------------------------------------------
-    def restart_to(self, target: list[str], trigger: str):
+    def migrate_to(self, target: list[str], trigger: str, failed=(), ready_timeout=None, note: str = "") -> Outcome:
         """Stop the world, give back the nodes not in `target`, start the new world on `target`."""
-        from launcher.loop.outcome import MigrationFailed, Outcome
-
-        la = self.la
-        target = [n for n in la.alloc if n in set(target)]
-        before, old = la.active, la.current
+        rec = self.recorder
+        target, before = self.holdings.in_order(target), self.workers.active
         new = self.layout(target)
-        out = Outcome(trigger, False, "", from_layout=str(old.layout), to_layout=str(new.layout),
+        out = Outcome(trigger, False, "", from_layout=str(self.current.layout), to_layout=str(new.layout),
                       nodes_before=len(before), nodes_after=len(before))
-        summary = {"restart": self.count + 1, "nodes": target, "from_nodes": before}
-        mid = la.db.start_migration(la.job_id, out.from_layout, out.to_layout, trigger, summary,
-                                    la.db.fragmentation(la.job_id), kind="restart")
-        out.migration_id = mid
-        la.log(f"restart {self.count + 1}: {out.from_layout} on {','.join(before)} -> {out.to_layout} on "
-               f"{','.join(target)} ({trigger}); stopping the workers")
+        rec.begin(out, {"restart": self.count + 1, "nodes": target, "from_nodes": before}, kind="restart")
+        self.log(f"restart {self.count + 1}: {out.from_layout} on {','.join(before)} -> {out.to_layout} on "
+                 f"{','.join(target)} ({trigger}); stopping the workers")
         stop_s = self.stop_world()
         killed = self.killed_note()
-        if killed:
-            la.db.add_migration_notes(mid, killed)
-        leaving = [n for n in before if n not in target]
-        error, notes = release_departed(la, leaving, mid)
-        notes = killed + notes
+        rec.notes(out.migration_id, killed)
+        error, notes = self.holdings.release([n for n in before if n not in target], out.migration_id)
         self.count += 1
         t1 = time.perf_counter()
         try:
             self.start_world(target)
-            self.wait_formed(la.opts.ready_timeout)
+            self.wait_formed(self.opts.ready_timeout)
         except MigrationFailed as exc:
-            out.message = f"restart {self.count} failed: {exc}"
-            la.db.finish_migration(mid, "failed", None, None, None, {"stop": stop_s}, error=out.message)
-            la.outcomes.append(out)
-            la.log(out.message)
-            return out
-        phases = {"stop": stop_s, "start": time.perf_counter() - t1}
-        la.db.record_rank_map(la.job_id, la.epoch_base + self.count, str(new.layout), la.entries(new))
-        la.db.update_job(la.job_id, layout=str(new.layout))
-        la.db.finish_migration(mid, "succeeded", None, None, None, phases, error=error,
-                               fragmentation_after=la.db.fragmentation(la.job_id))
-        la.db.set_pause(mid, sum(phases.values()))
-        out.ok, out.phases, out.nodes_after = error is None, phases, len(la.active)
+            return rec.failed(out, f"restart {self.count} failed: {exc}", phases={"stop": stop_s})
+        out.phases = {"stop": stop_s, "start": time.perf_counter() - t1}
+        rec.rank_map(self.count, str(new.layout), self.holdings.entries(new))
+        rec.succeeded(out, error=error)
+        rec.db.set_pause(out.migration_id, sum(out.phases.values()))
+        out.ok, out.nodes_after = error is None, len(self.workers.active)
         out.message = error or (f"restarted: {out.from_layout} -> {out.to_layout}, {len(before)} -> "
                                 f"{out.nodes_after} nodes (restart {self.count})")
-        for note in notes:
-            out.message += "; " + note
-        la.log(out.message + f" (stop {phases['stop']:.2f}s, start {phases['start']:.2f}s)")
-        la.outcomes.append(out)
-        return out
+        for n in killed + notes:
+            out.message += "; " + n
+        self.log(out.message + f" (stop {out.phases['stop']:.2f}s, start {out.phases['start']:.2f}s)")
+        return rec.keep(out)
 
-    def on_failure(self, dead: dict[int, int]):
+    def on_failure(self, dead: dict[int, int]) -> Outcome:
         """A worker failed: restart the whole world on the same nodes (torchrun's --max-restarts). A worker
         of the new world that fails before it formed (a script that crashes on every start) is a failure
         too: it counts, and the world is restarted again until --max-restarts is used up."""
-        from launcher.loop.outcome import Outcome
-
-        la = self.la
         while True:
             self.failures += 1
-            la.log(f"workers {sorted(dead)} failed (exit codes {sorted(set(dead.values()))}); {la.log_hint(dead)}")
-            if self.failures > la.opts.max_restarts:
-                out = Outcome("failure", False, f"workers {sorted(dead)} failed and --max-restarts "
-                                                f"{la.opts.max_restarts} is used up")
-                la.outcomes.append(out)
-                return out
-            out = self.restart_to(la.active, "failure")
-            dead = {d: rc for d, rc in la.dead(all_codes=True).items() if rc != 0}
+            self.log(f"workers {sorted(dead)} failed (exit codes {sorted(set(dead.values()))}); "
+                     f"{self.workers.log_hint(dead)}")
+            if self.failures > self.opts.max_restarts:
+                return self.recorder.keep(Outcome("failure", False, f"workers {sorted(dead)} failed and "
+                                                  f"--max-restarts {self.opts.max_restarts} is used up"))
+            out = self.migrate_to(self.workers.active, "failure")
+            dead = {d: rc for d, rc in self.workers.dead(all_codes=True).items() if rc != 0}
             if out.ok or not dead:
                 return out
 
-    def poll_once(self) -> bool:
-        """One round of checks in restart mode; False once the job is over."""
-        la = self.la
-        exited = la.dead(all_codes=True)
+    def poll(self) -> bool:
+        """The world's own checks of one poll; False once the job is over."""
+        exited = self.workers.dead(all_codes=True)
         if any(rc != 0 for rc in exited.values()):
             out = self.on_failure({d: rc for d, rc in exited.items() if rc != 0})
             if not out.ok:
-                la.log(f"cannot recover: {out.message}; stopping the job")
+                self.log(f"cannot recover: {out.message}; stopping the job")
                 self.stop_world()
-                la.stopped = True
-                la.db.set_job_state(la.job_id, "failed", why=out.message)
+                self.recorder.job_state("failed", why=out.message)
                 return False
             return True
-        if la.current and set(la.current.devices) <= set(exited):
-            la.log("workers finished")
-            la.handles.clear()
-            la.stopped = True
-            la.db.set_job_state(la.job_id, "finished")
+        if self.current and set(self.current.devices) <= set(exited):
+            self.log("workers finished")
+            self.workers.handles.clear()
+            self.recorder.job_state("finished")
             return False
-        if la.signalled:
-            la.signalled = False
-            if la.opts.on_signal != "ignore" and len(la.active) > la.opts.min_nodes:
-                la.shrink_to(la.opts.min_nodes, "signal")
-        for req in la.db.pending_requests(la.job_id):
-            la.handle_request(req)
-            if la.stopped:
-                return False
         return True
+
+    def stop(self) -> None:
+        self.stop_world()
+        self.recorder.job_state("stopped")
+
+    def suspend(self, trigger: str) -> Outcome:
+        n = len(self.workers.active)
+        return self.recorder.keep(Outcome(trigger, False, "suspend needs the job's own checkpoints; in restart mode "
+                                          "the program keeps its own (stop the job instead)",
+                                          from_layout=str(self.current.layout), nodes_before=n, nodes_after=n))
 
     def close(self) -> None:
         self.rdzv.close()

@@ -9,13 +9,8 @@ new run gets and goes on at step S+1, as the same job in the database.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from launcher.wire import control as C
 from launcher.loop.outcome import MigrationFailed, Outcome
-
-if TYPE_CHECKING:
-    from launcher.loop.launcher import Launcher
+from launcher.wire import control as C
 
 
 def resume_checkpoint(job, ckpt_dir: str) -> str | None:
@@ -33,62 +28,64 @@ def nothing_to_resume(job_name: str, ckpt_dir: str) -> str:
             "complete one (--checkpoint-dir says where to look)")
 
 
-def resume_point(la: "Launcher"):
+def resume_point(opts, recorder, ckpt_dir: str):
     """(job to continue or None, checkpoint to start from or None, `resume` requests it answers)."""
-    job = la.db.find_job(la.opts.job_name)
-    requests = [r for r in la.db.pending_requests(job.id) if r.action == "resume"] \
+    db = recorder.db
+    job = db.find_job(opts.job_name)
+    requests = [r for r in db.pending_requests(job.id) if r.action == "resume"] \
         if job is not None and job.state == "suspended" else []
-    if not la.opts.resume and not requests:
+    if not opts.resume and not requests:
         return None, None, []
-    path = resume_checkpoint(job, la.ckpt_dir)
+    path = resume_checkpoint(job, ckpt_dir)
     if path is None:
-        raise MigrationFailed(nothing_to_resume(la.opts.job_name, la.ckpt_dir))
+        raise MigrationFailed(nothing_to_resume(opts.job_name, ckpt_dir))
     if job is not None and job.state != "suspended":
         job = None  # a finished or running job of that name: the resumed run is a new job
-    la.log(f"resuming job {la.opts.job_name} from {path}")
+    recorder.log(f"resuming job {opts.job_name} from {path}")
     return job, path, requests
 
 
-def continue_job(la: "Launcher", job, nodes: list[str]) -> None:
+def continue_job(recorder, holdings, opts, job, nodes: list[str], slurm_job_id) -> None:
     """Take over a suspended job's row: new allocation, epochs after its last rank map."""
-    last = la.db.current_rank_map(job.id)
-    la.epoch_base = last.epoch + 1 if last else 0
-    la.db.update_job(job.id, slurm_job_id=la.slurm_job_id, pinned_node=la.backend.batch_node,
-                     max_devices=max(job.max_devices, la.opts.max_nodes * la.gpn), min_nodes=la.opts.min_nodes,
-                     max_nodes=la.opts.max_nodes)
-    for n in la.db.list_nodes(job.id):
+    db, batch = recorder.db, holdings.backend.batch_node
+    last = db.current_rank_map(job.id)
+    recorder.epoch_base = last.epoch + 1 if last else 0
+    db.update_job(job.id, slurm_job_id=slurm_job_id, pinned_node=batch,
+                  max_devices=max(job.max_devices, opts.max_nodes * holdings.gpn), min_nodes=opts.min_nodes,
+                  max_nodes=opts.max_nodes)
+    for n in db.list_nodes(job.id):
         if n.name not in nodes and n.state in ("active", "idle"):
-            la.db.set_node_state(job.id, n.name, "released", pinned=False)
+            db.set_node_state(job.id, n.name, "released", pinned=False)
     for n in nodes:
-        la.db.set_node_state(job.id, n, "active", pinned=n == la.backend.batch_node, **la.node_shape(n))
-    la.db.set_job_state(job.id, "running")
+        db.set_node_state(job.id, n, "active", pinned=n == batch, **holdings.node_shape(n))
+    db.set_job_state(job.id, "running")
 
 
-def finish_resume(la: "Launcher", path: str, requests) -> None:
+def finish_resume(mode, path: str, requests) -> None:
     """Wait until every worker loaded the checkpoint `path` (event 0); answer the `resume` requests."""
+    db, rec = mode.recorder.db, mode.recorder
     try:
-        res = la.check_results(la.wait_results(0, list(la.current.devices)))
+        res = mode.results(0, list(mode.current.devices))
     except MigrationFailed as exc:
         for r in requests:
-            la.db.complete_request(r.id, "failed", f"resume failed: {exc}")
-        la.db.set_job_state(la.job_id, "failed", why=f"resume from {path} failed: {exc}")
+            db.complete_request(r.id, "failed", f"resume failed: {exc}")
+        rec.job_state("failed", why=f"resume from {path} failed: {exc}")
         raise MigrationFailed(f"resume from {path} failed: {exc}") from None
     step = min(r["step"] for r in res.values())
-    msg = f"resumed from {path} at step {step} on {la.current.layout} ({len(la.current.devices)} devices)"
+    msg = f"resumed from {path} at step {step} on {mode.current.layout} ({len(mode.current.devices)} devices)"
     for r in requests:
-        la.db.complete_request(r.id, "done", msg)
-    la.db.audit("elastic-launch", "resume", f"job:{la.job_id}", msg)
-    la.log(msg)
+        db.complete_request(r.id, "done", msg)
+    rec.audit("resume", msg)
+    rec.log(msg)
 
 
-def suspend(la: "Launcher", trigger: str) -> Outcome:
+def suspend(mode, trigger: str) -> Outcome:
     """Every training worker writes its part of the state at one agreed step boundary into the
     checkpoint folder, then all exit; the job is recorded as suspended there."""
-    la.epoch += 1
-    out = Outcome(trigger, False, "", from_layout=str(la.current.layout), nodes_before=len(la.active))
-    la.ctl.post({"epoch": la.epoch, "kind": "suspend"})
+    out = Outcome(trigger, False, "", from_layout=str(mode.current.layout), nodes_before=len(mode.workers.active))
+    e = mode.post({"kind": "suspend"})
     try:
-        res = la.check_results(la.wait_results(la.epoch, list(la.current.devices)))
+        res = mode.results(e, list(mode.current.devices))
         paths = {r.get("path") for r in res.values()}
         if len(paths) != 1 or not (Path(next(iter(paths))) / ".metadata").exists():
             raise MigrationFailed(f"workers reported checkpoint folders {sorted(map(str, paths))}, none complete")
@@ -96,14 +93,12 @@ def suspend(la: "Launcher", trigger: str) -> Outcome:
         res, out.message = {}, f"suspend failed, job stopped without a checkpoint: {exc}"
     if res:
         path, step = next(iter(paths)), min(r["step"] for r in res.values())
-        la.finish_all(None, timeout=120)
-        la.db.set_checkpoint(la.job_id, path, step, state="suspended")
+        mode.finish_all(None, timeout=120)
+        mode.recorder.db.set_checkpoint(mode.recorder.job_id, path, step, state="suspended")
         out.ok, out.at_step = True, step
         out.message = f"suspended at step {step}: checkpoint {path}"
-        la.suspended = True
+        mode.suspended = True
     else:
-        la.finish_all("failed", timeout=120)
-    la.db.audit("elastic-launch", "suspend", f"job:{la.job_id}", out.message)
-    la.log(out.message)
-    la.outcomes.append(out)
-    return out
+        mode.finish_all("failed", timeout=120)
+    mode.recorder.audit("suspend", out.message)
+    return mode.recorder.done(out)

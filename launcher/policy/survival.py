@@ -42,13 +42,16 @@ def holders(layout, devices: Sequence[int]) -> dict[tuple[int, int], set[int]]:
     return out
 
 
+def covered(layout, devices: Sequence[int], lost) -> bool:
+    """True when every (pp, tp) slice of `layout` on `devices` keeps a holder outside the devices `lost`."""
+    return all(held - set(lost) for held in holders(layout, devices).values())
+
+
 def survival(layout, devices: Sequence[int], node_of: dict[int, str]) -> Survival:
     """What the layout `layout` placed on `devices` (rank r on devices[r]) survives; `node_of` maps a
     device to its node."""
-    slices = holders(layout, devices)
-    process = all(len(held) >= 2 for held in slices.values())
-    nodes = {node_of[d] for d in devices}
-    node = all(any(node_of[d] != lost for d in held) for lost in nodes for held in slices.values())
+    process = all(covered(layout, devices, {d}) for d in devices)
+    node = all(covered(layout, devices, {d for d in devices if node_of[d] == lost}) for lost in set(map(node_of.get, devices)))
     return Survival(process, node)
 
 

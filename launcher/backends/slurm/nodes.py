@@ -126,6 +126,10 @@ class SlurmNodes:
     def allocation(self) -> list[str]:
         return [n for n in self.order if self.holds(n)]
 
+    def output_files(self, node: str, devices) -> list[Path]:
+        """One srun step, and one log, per node."""
+        return [] if self.log_dir is None else [self.log_dir / f"step-{node}.log"]
+
     @property
     def batch_node(self) -> str:
         return self.info.batch_host or self.info.nodes[0]

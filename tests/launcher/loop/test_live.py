@@ -11,7 +11,7 @@ import pytest
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from launcher.loop import live as runtime_moves
+from launcher.loop import live_plan
 from migrate.layout import LayoutError, ParallelConfig
 from migrate.manifest import Manifest, ManifestError, plan_manifest
 from migrate.topology import RankMap, Topology
@@ -32,9 +32,9 @@ def _launcher(placement: str = "packed"):
 @pytest.mark.parametrize("failed, kept", [([3], (0, 1)), ([2], (0, 1)), ([0, 1], (2, 3)), ([0], (2, 3))])
 def test_a_failure_that_leaves_a_replica_keeps_its_devices(failed, kept) -> None:
     la, old = _launcher(), RankMap(TP2DP2, (0, 1, 2, 3))
-    devices = runtime_moves.placement(la, TP2DP1, old, ["node0", "node1"], failed)
+    devices = live_plan.placement(la.ctl.model(), la.topology, la.opts.placement, TP2DP1, old, ["node0", "node1"], failed)
     assert devices == kept  # the surviving full replica: nothing moves
-    cost = runtime_moves.plan_bytes(la, old, RankMap(TP2DP1, devices), failed)
+    cost = live_plan.plan_bytes(la.ctl.model(), old, RankMap(TP2DP1, devices), failed)
     # by hand: Linear(4, 8) + Linear(8, 4) in fp32 with Adam's two moments and a step per parameter,
     # every piece once (the row-parallel bias is replicated)
     state = (3 * (8 * 4 + 8 + 4 * 8 + 4) + 4) * 4
@@ -43,28 +43,28 @@ def test_a_failure_that_leaves_a_replica_keeps_its_devices(failed, kept) -> None
 
 def test_losing_both_holders_of_a_tp_shard_is_not_covered() -> None:
     la, old = _launcher(), RankMap(TP2DP2, (0, 1, 2, 3))
-    devices = runtime_moves.placement(la, TP2DP1, old, ["node0", "node1"], [1, 3])
+    devices = live_plan.placement(la.ctl.model(), la.topology, la.opts.placement, TP2DP1, old, ["node0", "node1"], [1, 3])
     with pytest.raises(ManifestError, match="held by no old rank"):
-        runtime_moves.plan_bytes(la, old, RankMap(TP2DP1, devices), [1, 3])
+        live_plan.plan_bytes(la.ctl.model(), old, RankMap(TP2DP1, devices), [1, 3])
 
 
 def test_ranks_stay_off_nodes_outside_the_target_and_tp_groups_stay_inside_a_node() -> None:
     la, old = _launcher(), RankMap(TP2DP2, (0, 1, 2, 3))
-    assert runtime_moves.placement(la, TP2DP1, old, ["node1"]) == (2, 3)
-    assert runtime_moves.placement(la, TP2DP2, RankMap(TP2DP1, (2, 3)), ["node0", "node1"]) in \
+    assert live_plan.placement(la.ctl.model(), la.topology, la.opts.placement, TP2DP1, old, ["node1"]) == (2, 3)
+    assert live_plan.placement(la.ctl.model(), la.topology, la.opts.placement, TP2DP2, RankMap(TP2DP1, (2, 3)), ["node0", "node1"]) in \
         ((0, 1, 2, 3), (2, 3, 0, 1))
 
 
 def test_a_shape_the_workers_offered_no_manifests_for_is_one_line() -> None:
     with pytest.raises(LayoutError, match="no state manifests for pp1tp4"):
-        runtime_moves.class_manifests(_launcher(), ParallelConfig.parse("tp4"))
-    assert runtime_moves.rank_manifests(_launcher(), TP2DP2)[3] == Manifest.from_list(
+        live_plan.class_manifests(_launcher().ctl.model(), ParallelConfig.parse("tp4"))
+    assert live_plan.rank_manifests(_launcher().ctl.model(), TP2DP2)[3] == Manifest.from_list(
         _launcher().ctl.model()["manifests"]["pp1tp2"][1])
 
 
 def test_a_shrink_moves_the_shards_the_kept_rank_lacks() -> None:
     la, old = _launcher(), RankMap(TP2DP2, (0, 1, 2, 3))
-    cost = runtime_moves.plan_bytes(la, old, RankMap(ParallelConfig.parse("pp1tp1"), (0,)), [])
+    cost = live_plan.plan_bytes(la.ctl.model(), old, RankMap(ParallelConfig.parse("pp1tp1"), (0,)), [])
     # device 0 keeps TP shard 0, the replicated bias and the steps; by hand it lacks half of each split
     # tensor and of its two moments
     assert cost["bytes_moved"] == 3 * (8 * 4 // 2 + 8 // 2 + 4 * 8 // 2) * 4
@@ -78,7 +78,7 @@ def test_layouts_the_reference_model_cannot_take_are_refused_with_the_reason() -
     la = types.SimpleNamespace(model=ModelSpec(layers=4, hidden=128, vocab=512, seq_len=32), tp_fit=2,
                                opts=types.SimpleNamespace(layouts=[ParallelConfig.parse("pp3"),
                                                                    ParallelConfig.parse("pp2")]))
-    assert str(runtime_moves.choose(la, 3)) == "pp2tp1dp1"  # 3 devices fit pp3, but 4 layers do not split in 3
+    assert str(live_plan.choose(3, la.tp_fit, la.opts.layouts, la.model)) == "pp2tp1dp1"  # 3 devices fit pp3, but 4 layers do not split in 3
     la.opts.layouts = [ParallelConfig.parse("pp3")]
     with pytest.raises(NoLayoutError, match="pp3tp1dp1.*layers"):
-        runtime_moves.choose(la, 3)
+        live_plan.choose(3, la.tp_fit, la.opts.layouts, la.model)
