@@ -21,9 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.backends.slurm.client import _load_json, _parse_key_values, _state_str, expand_hostlist
+from launcher.backends.slurm.hostlist import expand_hostlist
+from launcher.backends.slurm.parse import HOLDING_STATES, load_json, parse_key_values, state_str
 
-HOLDING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
 _DETAIL = re.compile(r"^\s+Nodes=(?P<nodes>\S+)\s")
 _DETAIL_GRES = re.compile(r"\sGRES=(?P<gres>\S*)")
 _GPU_COUNT = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:(?P<n>\d+)")
@@ -104,7 +104,7 @@ def parse_show_job_detail(text: str) -> Allocation:
     components: list[Component] = []
     leader: int | None = None
     for record in _records(text):
-        fields = _parse_key_values(record)
+        fields = parse_key_values(record)
         job_id = int(fields["JobId"])
         het = fields.get("HetJobId")
         leader = int(het) if het and het.isdigit() else job_id if leader is None else leader
@@ -130,12 +130,12 @@ def parse_show_job_detail(text: str) -> Allocation:
 
 def parse_squeue_allocation(text: str, job_id: int) -> Allocation:
     """`squeue --json` -> the Allocation of job `job_id` (a leader's or a plain job's id)."""
-    entries = [j for j in _load_json(text, "squeue --json").get("jobs", []) if _belongs(j, job_id)]
+    entries = [j for j in load_json(text, "squeue --json").get("jobs", []) if _belongs(j, job_id)]
     if not entries:
         raise ValueError(f"job {job_id} is not in the squeue output")
     components = []
     for job in entries:
-        if _state_str(job.get("job_state", "")) not in HOLDING_STATES:
+        if state_str(job.get("job_state", "")) not in HOLDING_STATES:
             continue
         resources: dict[str, Any] = job.get("job_resources") or {}
         nodes = [n["nodename"] for n in resources.get("allocated_nodes") or []] or expand_hostlist(job.get("nodes") or "")

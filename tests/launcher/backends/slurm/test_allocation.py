@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from launcher.backends.slurm.allocation import Allocation, Component, gpu_count, parse_show_job_detail, parse_squeue_allocation
-from launcher.backends.slurm.client import (
-    SlurmCommands,
-    SlurmError,
+from launcher.backends.slurm.client import SlurmCommands, SlurmError
+from launcher.backends.slurm.commands import (
     build_companion_command,
     build_companion_script,
     build_show_job_command,
