@@ -21,12 +21,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.backends.slurm.gres import gres_count
 from launcher.backends.slurm.hostlist import expand_hostlist
 from launcher.backends.slurm.parse import HOLDING_STATES, load_json, parse_key_values, state_str
 
 _DETAIL = re.compile(r"^\s+Nodes=(?P<nodes>\S+)\s")
 _DETAIL_GRES = re.compile(r"\sGRES=(?P<gres>\S*)")
-_GPU_COUNT = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:(?P<n>\d+)")
 
 
 @dataclass(frozen=True)
@@ -88,11 +88,6 @@ class Allocation:
         raise KeyError(f"job {self.job_id} has no running component {offset}")
 
 
-def gpu_count(gres: str) -> int:
-    """'gpu:4(IDX:0-3)' -> 4, 'gpu:a100:2(IDX:0-1),nic:1' -> 2, '' -> 0 (GPUs of one node's share)."""
-    return sum(int(m["n"]) for m in _GPU_COUNT.finditer(gres or ""))
-
-
 def _records(text: str) -> list[str]:
     """`scontrol show job` prints one record per component, each starting with `JobId=`."""
     starts = [m.start() for m in re.finditer(r"^JobId=", text, flags=re.M)]
@@ -116,7 +111,7 @@ def parse_show_job_detail(text: str) -> Allocation:
             if m:
                 gres = _DETAIL_GRES.search(line)
                 for node in expand_hostlist(m["nodes"]):
-                    share[node] = gpu_count(gres["gres"] if gres else "")
+                    share[node] = gres_count(gres["gres"] if gres else "")
         nodes = expand_hostlist(fields.get("NodeList", ""))
         batch = fields.get("BatchHost") or None
         components.append(Component(
@@ -142,7 +137,7 @@ def parse_squeue_allocation(text: str, job_id: int) -> Allocation:
         detail = list(job.get("gres_detail") or [])
         components.append(Component(
             offset=int(job.get("het_job_offset") or 0), job_id=int(job["job_id"]), nodes=tuple(nodes),
-            gpus=tuple(gpu_count(detail[i]) if i < len(detail) else 0 for i in range(len(nodes))),
+            gpus=tuple(gres_count(detail[i]) if i < len(detail) else 0 for i in range(len(nodes))),
             partition=job.get("partition") or "", batch_host=job.get("batch_host") or None))
     return Allocation(job_id, tuple(sorted(components, key=lambda c: c.offset)))
 

@@ -13,8 +13,11 @@ from typing import Any
 
 from launcher.backends.slurm.hostlist import expand_hostlist
 
-#: Job states in which a job holds its nodes: an ended job or component still shows its old node list.
-HOLDING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
+#: Job states in which a job holds its nodes and their GPUs, for the launcher (which nodes a job or
+#: component can run on) and the dashboard (which GPUs are taken) alike: an ended job or component
+#: still shows its old node list, a pending one has none. CONFIGURING (nodes allocated, still booting)
+#: and STOPPED (execution stopped by SIGSTOP, resources retained) hold them as much as RUNNING does.
+HOLDING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED")
 
 
 @dataclass(frozen=True)
