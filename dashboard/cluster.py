@@ -173,9 +173,9 @@ def fragmentation(nodes: Sequence[NodeView]) -> Fragmentation:
 def shrink_gains(nodes: Sequence[NodeView], jobs: Sequence[ElasticJob],
                  holders: Mapping[int, Sequence[Holder]] | None = None) -> list[ShrinkGain]:
     """Per elastic job: the nodes a shrink to MIN keeps -- the launcher's order over the nodes it runs
-    on: the pinned batch node, then slurm_holdings.keep_rank (a plain job's or a leader component's
+    on: the pinned batch node, then holdings.keep_rank (a plain job's or a leader component's
     nodes, then batch hosts of components and companions), then most ranks, then node order -- and
-    what the others free as Slurm allows (slurm_holdings.plan_release over `holders`, the Slurm jobs
+    what the others free as Slurm allows (holdings.plan_release over `holders`, the Slurm jobs
     holding each job's nodes; default: job_holders): the job's GPUs on released nodes, which of them
     end up wholly free, and the nodes that stay allocated, idle."""
     order = {n.name: i for i, n in enumerate(nodes)}

@@ -3,20 +3,25 @@
 Slurm 22.05 has no `scontrol --json`, and pyslurm for it is not installable, so this module runs
 the commands and turns their output into plain frozen dataclasses. Parsing is separate from
 running (the `parse_*` functions take the commands' text), so tests check it against recorded
-output and against the real testbed. The dashboard must not import launcher/: this is its own
-small reader, read-only, and never changes anything in Slurm.
+output and against the real testbed. Read-only: it never changes anything in Slurm.
+
+What it may import of launcher/: only the pure Slurm modules, launcher.backends.slurm.hostlist,
+.gres, .parse, .commands and .holdings (text in, values out, nothing run), so that Slurm's host
+lists, GRES strings and job states are read by one piece of code for the launcher and the dashboard
+alike. Nothing that runs Slurm commands, starts processes or talks to a job: the dashboard only
+reads, and the launcher's client could change Slurm.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-#: squeue states whose jobs hold their nodes' GPUs.
-HOLDING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING", "STOPPED")
+from launcher.backends.slurm import hostlist
+from launcher.backends.slurm.gres import gres_count, gres_indices
+from launcher.backends.slurm.parse import HOLDING_STATES, state_str
 
 
 class SlurmReadError(RuntimeError):
@@ -72,68 +77,12 @@ class SlurmSnapshot:
 
 
 # ------------------------------------------------------------------------------ small parsers
-_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
-
-
 def expand_hostlist(text: str) -> list[str]:
-    """`n[1-3,7],gpu01` -> [n1, n2, n3, n7, gpu01]; zero padding is kept (`g[08-10]` -> g08, g09, g10)."""
-    out: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text.strip()):
-        m = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", part)
-        if not m:
-            out.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for item in ranges.split(","):
-            r = _RANGE_RE.match(item.strip())
-            if not r:
-                raise SlurmReadError(f"cannot read host list {text!r}: bad range {item!r}")
-            lo, hi = r.group(1), r.group(2) or r.group(1)
-            out.extend(f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi) + 1))
-    return out
-
-
-def _gres_items(gres: str) -> list[str]:
-    """Split a gres string at the commas that are not inside parentheses."""
-    items, depth, cur = [], 0, ""
-    for ch in gres or "":
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return [i for i in items + [cur] if i]
-
-
-def _gres_fields(item: str) -> tuple[str, int, str]:
-    """`gpu:a100:3(IDX:0,2-3)` -> ("gpu", 3, "IDX:0,2-3")."""
-    head, _, rest = item.partition("(")
-    fields = head.split(":")
-    count = int(fields[-1]) if len(fields) >= 2 and fields[-1].isdigit() else 0
-    return fields[0], count, rest.rstrip(")")
-
-
-def gres_count(gres: str, kind: str = "gpu") -> int:
-    """GPUs in a gres string: `gpu:4`, `gpu:a100:4(S:0-1)`, `gpu:2,shard:8` -> 4, 4, 2; none -> 0."""
-    return sum(count for name, count, _ in map(_gres_fields, _gres_items(gres)) if name == kind)
-
-
-def gres_indices(detail: str, kind: str = "gpu") -> tuple[int, ...] | None:
-    """GPU indices in a gres_detail entry: `gpu:2(IDX:0-1)` -> (0, 1); `gpu:a100:3(IDX:0,2-3)` ->
-    (0, 2, 3); None when it counts GPUs without naming their indices, () when it holds none."""
-    found: list[int] = []
-    for name, count, inner in map(_gres_fields, _gres_items(detail)):
-        if name != kind or not count:
-            continue
-        idx = re.search(r"IDX:([\d,\-]+)", inner)
-        if not idx:
-            return None
-        for item in idx.group(1).split(","):
-            r = _RANGE_RE.match(item)
-            if r:
-                found.extend(range(int(r.group(1)), int(r.group(2) or r.group(1)) + 1))
-    return tuple(sorted(found))
+    """launcher.backends.slurm.hostlist.expand_hostlist, failing as this reader fails: a SlurmReadError."""
+    try:
+        return hostlist.expand_hostlist(text)
+    except ValueError as exc:
+        raise SlurmReadError(str(exc)) from None
 
 
 def _load(text: str, what: str) -> dict[str, Any]:
@@ -168,8 +117,7 @@ def parse_squeue(text: str) -> list[SlurmJob]:
     """`squeue --json` -> the jobs that hold resources, with the GPU indices they hold per node."""
     jobs = []
     for j in _load(text, "squeue --json").get("jobs", []):
-        state = j.get("job_state")
-        state = state[0] if isinstance(state, list) and state else state
+        state = state_str(j.get("job_state"))
         if state not in HOLDING_STATES:
             continue
         alloc = (j.get("job_resources") or {}).get("allocated_nodes") or []
@@ -201,7 +149,7 @@ def parse_reservations(text: str) -> list[Reservation]:
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
         nodes = fields.get("Nodes", "")
         out.append(Reservation(fields["ReservationName"],
-                               tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else (),
+                               tuple(expand_hostlist(nodes)),
                                fields.get("State", "")))
     return out
 

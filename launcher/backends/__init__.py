@@ -51,14 +51,15 @@ def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes
         return LocalNodes(n, gpus_per_node, log_dir=log_dir, node_gpus=node_gpus, fork_server=fork_server), None
     if job_id is None:
         raise UsageError("--backend slurm needs a job: run inside an sbatch script or give --job-id")
-    from launcher.backends.slurm import client as slurm_client
+    from launcher.backends.slurm import select as slurm_select
+    from launcher.backends.slurm.client import SlurmError
     from launcher.backends.slurm.nodes import SlurmNodes
 
-    client = slurm_client.select_backend()
+    client = slurm_select.select_backend()
     try:
         info = client.job_info(job_id)
         allocation = client.allocation(job_id)  # every component, GPUs per node
-    except (slurm_client.SlurmError, ValueError) as exc:
+    except (SlurmError, ValueError) as exc:
         raise UsageError(f"unknown Slurm job {job_id}: {exc}") from None
     if info.state.upper() != "RUNNING":
         raise UsageError(f"Slurm job {job_id} is {info.state}, not running")

@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 
 from launcher.errors import UsageError
-from launcher.testbed.cluster import DEFAULT_GPUS, DEFAULT_ROOT, Testbed, TestbedError, parse_gpus
+from launcher.testbed.cluster import Testbed
+from launcher.testbed.config import DEFAULT_GPUS, DEFAULT_ROOT, parse_gpus
+from launcher.testbed.errors import TestbedError
 
 ACTIONS = ("up", "down", "status")
 

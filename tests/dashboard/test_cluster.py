@@ -14,13 +14,12 @@ from dashboard.slurm_reader import (
     SlurmReadError,
     SlurmSnapshot,
     expand_hostlist,
-    gres_count,
-    gres_indices,
     parse_reservations,
     parse_sinfo,
     parse_squeue,
 )
 from db.records import RankEntry
+from launcher.backends.slurm.gres import gres_count, gres_indices
 from tests.db.seed import layout_entries
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -8,7 +8,8 @@ from typing import Iterator
 
 import pytest
 
-from launcher.testbed.cluster import DEFAULT_ROOT, Testbed
+from launcher.testbed.cluster import Testbed
+from launcher.testbed.config import DEFAULT_ROOT
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import launcher.backends.slurm.client as slurm_mod
+import launcher.backends.slurm.select as slurm_mod
 from launcher.launch import main, parse_nnodes
 from launcher.errors import UsageError
 from launcher.backends.slurm.client import SlurmCommands
@@ -165,7 +165,7 @@ def test_shrink_and_release_choices_keep_the_batch_node():
     """Pure part of a shrink: which nodes stay (batch node first, then the busiest) and the scontrol line."""
     from launcher.launch import Launcher, Options
     from launcher.backends.slurm.nodes import SlurmNodes
-    from launcher.backends.slurm.client import JobInfo
+    from launcher.backends.slurm.parse import JobInfo
     from migrate.layout import ModelSpec, ParallelConfig
     from migrate.topology import RankMap
 

@@ -1,2 +1,5 @@
-"""Slurm: pure command builders and parsers, the allocation as Slurm shows it, the client that runs the
-commands (or pyslurm), and the node backend built on them."""
+"""Slurm, from the bottom up: host lists (hostlist), GRES strings (gres), command lines (commands) and
+the parsers of what Slurm prints (parse), all pure; the allocation as Slurm shows it (allocation) and
+which jobs hold the nodes (holdings); the clients that run the commands (client) or use pyslurm
+(pyslurm), and the choice between them (select); the node backend built on them (nodes). Each
+imports only modules listed before it."""

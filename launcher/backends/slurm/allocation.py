@@ -21,12 +21,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.backends.slurm.client import _load_json, _parse_key_values, _state_str, expand_hostlist
+from launcher.backends.slurm.gres import gres_count
+from launcher.backends.slurm.hostlist import expand_hostlist
+from launcher.backends.slurm.parse import HOLDING_STATES, load_json, parse_key_values, state_str
 
-HOLDING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
 _DETAIL = re.compile(r"^\s+Nodes=(?P<nodes>\S+)\s")
 _DETAIL_GRES = re.compile(r"\sGRES=(?P<gres>\S*)")
-_GPU_COUNT = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:(?P<n>\d+)")
 
 
 @dataclass(frozen=True)
@@ -88,11 +88,6 @@ class Allocation:
         raise KeyError(f"job {self.job_id} has no running component {offset}")
 
 
-def gpu_count(gres: str) -> int:
-    """'gpu:4(IDX:0-3)' -> 4, 'gpu:a100:2(IDX:0-1),nic:1' -> 2, '' -> 0 (GPUs of one node's share)."""
-    return sum(int(m["n"]) for m in _GPU_COUNT.finditer(gres or ""))
-
-
 def _records(text: str) -> list[str]:
     """`scontrol show job` prints one record per component, each starting with `JobId=`."""
     starts = [m.start() for m in re.finditer(r"^JobId=", text, flags=re.M)]
@@ -104,7 +99,7 @@ def parse_show_job_detail(text: str) -> Allocation:
     components: list[Component] = []
     leader: int | None = None
     for record in _records(text):
-        fields = _parse_key_values(record)
+        fields = parse_key_values(record)
         job_id = int(fields["JobId"])
         het = fields.get("HetJobId")
         leader = int(het) if het and het.isdigit() else job_id if leader is None else leader
@@ -116,7 +111,7 @@ def parse_show_job_detail(text: str) -> Allocation:
             if m:
                 gres = _DETAIL_GRES.search(line)
                 for node in expand_hostlist(m["nodes"]):
-                    share[node] = gpu_count(gres["gres"] if gres else "")
+                    share[node] = gres_count(gres["gres"] if gres else "")
         nodes = expand_hostlist(fields.get("NodeList", ""))
         batch = fields.get("BatchHost") or None
         components.append(Component(
@@ -130,19 +125,19 @@ def parse_show_job_detail(text: str) -> Allocation:
 
 def parse_squeue_allocation(text: str, job_id: int) -> Allocation:
     """`squeue --json` -> the Allocation of job `job_id` (a leader's or a plain job's id)."""
-    entries = [j for j in _load_json(text, "squeue --json").get("jobs", []) if _belongs(j, job_id)]
+    entries = [j for j in load_json(text, "squeue --json").get("jobs", []) if _belongs(j, job_id)]
     if not entries:
         raise ValueError(f"job {job_id} is not in the squeue output")
     components = []
     for job in entries:
-        if _state_str(job.get("job_state", "")) not in HOLDING_STATES:
+        if state_str(job.get("job_state", "")) not in HOLDING_STATES:
             continue
         resources: dict[str, Any] = job.get("job_resources") or {}
         nodes = [n["nodename"] for n in resources.get("allocated_nodes") or []] or expand_hostlist(job.get("nodes") or "")
         detail = list(job.get("gres_detail") or [])
         components.append(Component(
             offset=int(job.get("het_job_offset") or 0), job_id=int(job["job_id"]), nodes=tuple(nodes),
-            gpus=tuple(gpu_count(detail[i]) if i < len(detail) else 0 for i in range(len(nodes))),
+            gpus=tuple(gres_count(detail[i]) if i < len(detail) else 0 for i in range(len(nodes))),
             partition=job.get("partition") or "", batch_host=job.get("batch_host") or None))
     return Allocation(job_id, tuple(sorted(components, key=lambda c: c.offset)))
 

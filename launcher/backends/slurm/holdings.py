@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from launcher.backends.slurm.client import compress_hostlist
+from launcher.backends.slurm.hostlist import compress_hostlist
 
 JOB, LEADER, COMPONENT, COMPANION = "job", "leader", "component", "companion"
 

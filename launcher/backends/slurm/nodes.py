@@ -7,7 +7,7 @@ component's nodes are `srun --jobid=<leader> --het-group=<offset>`. Nodes go bac
 allows (launcher.backends.slurm.holdings: `scontrol update` of the job or component that holds them,
 `scancel` of a whole non-leader component or companion; a heterogeneous job's leader component
 cannot be resized, so its nodes stay allocated, idle, and the migration's history says so).
-Growing beyond the nodes held submits a companion job (launcher.backends.slurm.client.
+Growing beyond the nodes held submits a companion job (launcher.backends.slurm.commands.
 build_companion_command): Slurm 22.05 cannot grow a job with GRES and never gives released nodes
 back, so the extra nodes come as a second batch job shaped like the component it extends (its
 partition, its GPUs per node), named <job>-companion-<n>. Workers on its nodes are steps of the
@@ -27,15 +27,14 @@ from pathlib import Path
 
 from launcher.wire import control as C
 from launcher.backends.base import Acquired, AcquireFailed, NodeHandle, Reporter, resolve_python, stop_handle
-from launcher.backends.slurm.client import (
-    JobInfo,
-    SlurmError,
+from launcher.backends.slurm.client import SlurmError
+from launcher.backends.slurm.commands import (
     build_companion_command,
     build_companion_script,
     build_shrink_command,
     build_srun_command,
-    parse_task_end,
 )
+from launcher.backends.slurm.parse import JobInfo, parse_task_end
 from launcher.backends.slurm.holdings import (
     COMPANION,
     COMPONENT,
@@ -68,7 +67,7 @@ def holders_of(allocation, gpus_per_node: int) -> tuple[list[Holder], dict[str, 
 class SlurmNodes:
     """Workers as steps of the running Slurm job `job_id` (a plain job or a heterogeneous job's leader),
     of its components and of its companion jobs, through a Slurm client
-    (launcher.backends.slurm.client.SlurmBackend). `allocation` (launcher.backends.slurm.allocation.Allocation) says
+    (launcher.backends.slurm.client.SlurmClient). `allocation` (launcher.backends.slurm.allocation.Allocation) says
     what the job holds per component and node; without it every node of `info` has `gpus_per_node`."""
 
     released_nodes_return = False  # Slurm never gives a job its released nodes back

@@ -1,6 +1,6 @@
 """The optional pyslurm client: Slurm queries and job changes through pyslurm's job API.
 
-Only chosen (launcher.backends.slurm.client.select_backend) when the installed pyslurm was built
+Only chosen (launcher.backends.slurm.select) when the installed pyslurm was built
 for the cluster's Slurm major.minor; on Debian 12 (Slurm 22.05) none exists on PyPI, so this
 client has only run against a stand-in module in the tests, never against a real pyslurm.
 """
@@ -8,16 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from launcher.backends.slurm.client import (
-    DEFAULT_TIMEOUT_S,
-    JobInfo,
-    Runner,
-    SlurmCommands,
-    SlurmError,
-    _signal_name,
-    compress_hostlist,
-    expand_hostlist,
-)
+from launcher.backends.slurm.client import DEFAULT_TIMEOUT_S, Runner, SlurmCommands, SlurmError
+from launcher.backends.slurm.commands import signal_name
+from launcher.backends.slurm.hostlist import compress_hostlist, expand_hostlist
+from launcher.backends.slurm.parse import JobInfo
 
 
 class PyslurmBackend(SlurmCommands):
@@ -62,5 +56,5 @@ class PyslurmBackend(SlurmCommands):
 
     def signal(self, job_id: int, sig: int | str, batch: bool = False) -> None:
         steps = "batch" if batch else "children"
-        self._call(f"sending {_signal_name(sig)} to job {job_id}", "the job must be running",
-                   lambda: self.pyslurm.Job(job_id).send_signal(f"SIG{_signal_name(sig)}", steps=steps))
+        self._call(f"sending {signal_name(sig)} to job {job_id}", "the job must be running",
+                   lambda: self.pyslurm.Job(job_id).send_signal(f"SIG{signal_name(sig)}", steps=steps))

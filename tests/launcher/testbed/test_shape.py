@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as elastic
-from launcher.testbed.cluster import Testbed, parse_gpus, uneven_partitions
+from launcher.testbed.cluster import Testbed
+from launcher.testbed.config import parse_gpus, uneven_partitions
 
 from tests.paths import GOLDEN
 ROOT = "/tmp/elastic-testbed"  # the goldens name the default root
@@ -70,14 +71,14 @@ def test_daemons_do_not_inherit_descriptors(tmp_path) -> None:
     import os
     import time
 
-    from launcher.testbed.cluster import _Daemon
+    from launcher.testbed.daemons import Daemon
 
     testbed = Testbed(tmp_path, verbose=False)
     for sub in ("log", "run"):
         (tmp_path / sub).mkdir()
     held = os.open(tmp_path / "lock", os.O_CREAT | os.O_RDWR)
     os.set_inheritable(held, True)  # as flock(1) hands it to its command
-    pid = testbed._spawn(_Daemon("probe", ["sleep", "30"], "sleep"))
+    pid = testbed._spawn(Daemon("probe", ["sleep", "30"], "sleep"))
     try:
         deadline = time.monotonic() + 60  # a loaded machine may take a while to exec
         while os.readlink(f"/proc/{pid}/exe") != _exe("sleep") and time.monotonic() < deadline:
@@ -108,6 +109,6 @@ def _descriptors(pid: int) -> dict[str, str]:
 
 
 def _exe(name: str) -> str:
-    from launcher.testbed.cluster import _real_exe
+    from launcher.testbed.daemons import real_exe
 
-    return _real_exe(name)
+    return real_exe(name)

@@ -14,7 +14,8 @@ from typing import Iterator
 import pytest
 
 from launcher.cli import main as cli_main
-from launcher.backends.slurm.client import JobInfo, SlurmCommands, SlurmError
+from launcher.backends.slurm.client import SlurmCommands, SlurmError
+from launcher.backends.slurm.parse import JobInfo
 from launcher.testbed.cluster import Testbed
 
 pytestmark = pytest.mark.slurm

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends.slurm.allocation import Allocation, Component, gpu_count, parse_show_job_detail, parse_squeue_allocation
-from launcher.backends.slurm.client import (
-    SlurmCommands,
-    SlurmError,
+from launcher.backends.slurm.allocation import Allocation, Component, parse_show_job_detail, parse_squeue_allocation
+from launcher.backends.slurm.client import SlurmCommands, SlurmError
+from launcher.backends.slurm.commands import (
     build_companion_command,
     build_companion_script,
     build_show_job_command,
     build_srun_command,
 )
+from launcher.backends.slurm.gres import gres_count as gpu_count  # the one GPU counter; the test kept its name
 from launcher.testbed.cluster import Testbed
 
 from tests.paths import GOLDEN

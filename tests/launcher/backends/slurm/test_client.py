@@ -17,11 +17,8 @@ from typing import Callable
 import pytest
 
 from launcher.backends.slurm.pyslurm import PyslurmBackend
-from launcher.backends.slurm.client import (
-    JobInfo,
-    SlurmBackend,
-    SlurmCommands,
-    SlurmError,
+from launcher.backends.slurm.client import SlurmClient, SlurmCommands, SlurmError
+from launcher.backends.slurm.commands import (
     build_cancel_command,
     build_sbatch_command,
     build_show_job_command,
@@ -30,15 +27,17 @@ from launcher.backends.slurm.client import (
     build_sinfo_command,
     build_squeue_command,
     build_srun_command,
-    compress_hostlist,
-    expand_hostlist,
+)
+from launcher.backends.slurm.hostlist import compress_hostlist, expand_hostlist
+from launcher.backends.slurm.parse import (
+    JobInfo,
     parse_sbatch_output,
     parse_scontrol_show_job,
     parse_sinfo_json,
     parse_slurm_version,
     parse_squeue_json,
-    select_backend,
 )
+from launcher.backends.slurm.select import select_backend
 
 from tests.paths import GOLDEN
 
@@ -318,7 +317,7 @@ def _importer(module: object | None) -> Callable[[str], object]:
 
 def test_select_backend_without_pyslurm_uses_commands() -> None:
     backend = select_backend(runner=_version_runner("slurm-wlm 22.05.8\n"), importer=_importer(None))
-    assert type(backend) is SlurmCommands and isinstance(backend, SlurmBackend)
+    assert type(backend) is SlurmCommands and isinstance(backend, SlurmClient)
 
 
 def test_select_backend_with_mismatched_pyslurm_uses_commands() -> None:
@@ -330,7 +329,7 @@ def test_select_backend_with_mismatched_pyslurm_uses_commands() -> None:
 def test_select_backend_with_matching_pyslurm() -> None:
     fake = SimpleNamespace(__version__="22.5.1")
     backend = select_backend(runner=_version_runner("slurm-wlm 22.05.8\n"), importer=_importer(fake))
-    assert isinstance(backend, PyslurmBackend) and isinstance(backend, SlurmBackend)
+    assert isinstance(backend, PyslurmBackend) and isinstance(backend, SlurmClient)
 
 
 def test_pyslurm_backend_shrinks_through_required_nodes() -> None:

@@ -24,14 +24,14 @@ from launcher.launch import (
     options_from_args,
 )
 from launcher.backends.slurm.nodes import SlurmNodes
-from launcher.backends.slurm.client import (
-    JobInfo,
-    SlurmCommands,
+from launcher.backends.slurm.client import SlurmCommands
+from launcher.backends.slurm.commands import (
     build_companion_args,
     build_companion_command,
     build_companion_script,
     companion_job_name,
 )
+from launcher.backends.slurm.parse import JobInfo
 from migrate.layout import ParallelConfig
 from migrate.topology import RankMap
 

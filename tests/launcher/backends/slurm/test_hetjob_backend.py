@@ -13,7 +13,8 @@ import pytest
 
 from launcher.backends.slurm.allocation import Allocation, Component, parse_show_job_detail
 from launcher.backends.slurm.nodes import SlurmNodes
-from launcher.backends.slurm.client import JobInfo, SlurmCommands
+from launcher.backends.slurm.client import SlurmCommands
+from launcher.backends.slurm.parse import JobInfo
 from launcher.backends.slurm.holdings import COMPANION, COMPONENT, LEADER, Holder, companion_shape, plan_release
 
 from tests.paths import GOLDEN
@@ -156,7 +157,7 @@ def test_companion_shape_follows_the_component_that_lost_most() -> None:
 @pytest.fixture
 def het_slurm(monkeypatch):
     """Slurm that knows heterogeneous job 19 (the recorded one) and nothing else; changes nothing."""
-    from launcher.backends.slurm import client as slurm_client
+    from launcher.backends.slurm import select as slurm_client
 
     text = (GOLDEN / "hetjob_show_job_d.txt").read_text()
     calls = []

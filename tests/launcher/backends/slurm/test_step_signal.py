@@ -11,13 +11,9 @@ import pytest
 
 from launcher.backends.base import NodeHandle
 from launcher.backends.slurm.nodes import SlurmNodes
-from launcher.backends.slurm.client import (
-    JobInfo,
-    SlurmCommands,
-    SlurmError,
-    build_steps_command,
-    parse_step_on_node,
-)
+from launcher.backends.slurm.client import SlurmCommands, SlurmError
+from launcher.backends.slurm.commands import build_steps_command
+from launcher.backends.slurm.parse import JobInfo, parse_step_on_node
 
 # what `squeue --steps --jobs=211 --noheader --format=%i %N` prints on the testbed (format as captured
 # there): a restart on n1 (step 4 replaced step 0, still listed while it ends), the batch and extern

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from launcher.backends.slurm.nodes import SlurmNodes
-from launcher.backends.slurm.client import JobInfo, SlurmCommands, parse_task_end
+from launcher.backends.slurm.client import SlurmCommands
+from launcher.backends.slurm.parse import JobInfo, parse_task_end
 
 
 @pytest.mark.parametrize("line, want", [

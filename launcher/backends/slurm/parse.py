@@ -1,0 +1,197 @@
+"""Reading what Slurm prints: `scontrol show job`, `squeue --json`, `sinfo --json`, `sbatch --parsable`,
+srun's error lines, into plain records.
+
+Pure (text in, records out), so the parsers are tested on output captured from a real slurmctld
+and the dashboard may use them without running anything of the launcher.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.backends.slurm.hostlist import expand_hostlist
+
+#: Job states in which a job holds its nodes and their GPUs, for the launcher (which nodes a job or
+#: component can run on) and the dashboard (which GPUs are taken) alike: an ended job or component
+#: still shows its old node list, a pending one has none. CONFIGURING (nodes allocated, still booting)
+#: and STOPPED (execution stopped by SIGSTOP, resources retained) hold them as much as RUNNING does.
+HOLDING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED")
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What the launcher needs to know about one job (from `scontrol show job`)."""
+
+    job_id: int
+    state: str
+    nodes: list[str]
+    batch_host: str | None
+    num_nodes: int
+    name: str = ""
+    reason: str = ""
+    partition: str = field(default="", compare=False)  # not compared: older records and goldens lack it
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as `sinfo --json` reports it."""
+
+    name: str
+    state: str
+    cpus: int
+    gres: str
+    partitions: list[str] = field(default_factory=list)
+
+
+
+def parse_step_on_node(text: str, node: str) -> str | None:
+    """The newest worker step (`JOB.N`, N a number: not the batch or extern step) whose nodes include
+    `node`, from build_steps_command's output; None when there is none (not started yet, or ended)."""
+    best: tuple[int, str] | None = None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 2 or "." not in parts[0]:
+            continue
+        step = parts[0].rpartition(".")[2]
+        if step.isdigit() and node in expand_hostlist(parts[1]) and (best is None or int(step) > best[0]):
+            best = (int(step), parts[0])
+    return best[1] if best else None
+
+
+
+
+# ------------------------------------------------------------------ parsers
+def parse_scontrol_show_job(text: str) -> JobInfo:
+    """Parse `scontrol show job` output (multi-line or `-o`) into JobInfo."""
+    fields = parse_key_values(text)
+    if "JobId" not in fields:
+        raise ValueError(f"no JobId in scontrol output: {text[:200]!r}")
+    batch_host = fields.get("BatchHost") or None
+    return JobInfo(
+        job_id=int(fields["JobId"]),
+        state=fields.get("JobState", "UNKNOWN"),
+        nodes=expand_hostlist(fields.get("NodeList", "")),
+        batch_host=None if batch_host in (None, "(null)") else batch_host,
+        num_nodes=_leading_int(fields.get("NumNodes", "0")),
+        name=fields.get("JobName", ""),
+        reason=fields.get("Reason", ""),
+        partition=fields.get("Partition", ""),
+    )
+
+
+def parse_key_values(text: str) -> dict[str, str]:
+    """Whitespace-separated Key=Value tokens; tokens without '=' continue the previous
+    value (e.g. a Command with arguments). First record only, first value wins."""
+    fields: dict[str, str] = {}
+    last_key: str | None = None
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep and key and re.match(r"^[A-Za-z][\w/:]*$", key):
+            if key == "JobId" and "JobId" in fields:
+                break  # a second job record
+            if key not in fields:
+                fields[key] = value
+                last_key = key
+            else:
+                last_key = None
+        elif last_key is not None:
+            fields[last_key] += " " + token
+    return fields
+
+
+def _leading_int(text: str) -> int:
+    """'2' -> 2, '2-4' -> 2 (pending jobs show a range)."""
+    match = re.match(r"\d+", text)
+    return int(match.group()) if match else 0
+
+
+def parse_squeue_json(text: str) -> list[JobInfo]:
+    """Parse `squeue --json` (22.05 layout: {"jobs": [...]}) into JobInfo records."""
+    data = load_json(text, "squeue --json")
+    jobs = []
+    for job in data.get("jobs", []):
+        batch_host = job.get("batch_host") or None
+        jobs.append(JobInfo(
+            job_id=int(job["job_id"]),
+            state=state_str(job.get("job_state", "UNKNOWN")),
+            nodes=expand_hostlist(job.get("nodes") or ""),
+            batch_host=batch_host,
+            num_nodes=int(job.get("node_count") or 0),
+            name=job.get("name", ""),
+            reason=job.get("state_reason", ""),
+            partition=job.get("partition", "") or "",
+        ))
+    return jobs
+
+
+def parse_sinfo_json(text: str) -> list[NodeInfo]:
+    """Parse `sinfo --json` (22.05 layout: {"nodes": [...]}) into NodeInfo records."""
+    data = load_json(text, "sinfo --json")
+    return [
+        NodeInfo(
+            name=node["name"],
+            state=state_str(node.get("state", "unknown")).lower(),
+            cpus=int(node.get("cpus") or 0),
+            gres=node.get("gres") or "",
+            partitions=list(node.get("partitions") or []),
+        )
+        for node in data.get("nodes", [])
+    ]
+
+
+def state_str(state: Any) -> str:
+    """22.05 prints states as strings, newer Slurm as lists of flags: accept both."""
+    if isinstance(state, list):
+        return state[0] if state else "UNKNOWN"
+    return str(state)
+
+
+def load_json(text: str, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"`{what}` did not print JSON ({exc}); output starts {text[:200]!r}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"`{what}` printed JSON that is not an object")
+    return data
+
+
+_TASK_END = re.compile(r"^srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$")
+_TASK_SIGNALS = {"Killed": 137, "Terminated": 143, "Aborted": 134, "Segmentation fault": 139}
+
+
+def parse_task_end(line: str) -> tuple[str, list[int], int] | None:
+    """srun's line about step tasks that ended badly, e.g. `srun: error: n1: task 0: Killed` or
+    `srun: error: n2: tasks 0-1: Exited with exit code 3`: (node, task ids, exit status), else None.
+    srun prints it at once, while the step's other tasks run on (--kill-on-bad-exit=0)."""
+    match = _TASK_END.match(line)
+    if not match:
+        return None
+    tasks: list[int] = []
+    for part in match["tasks"].split(","):
+        lo, _, hi = part.partition("-")
+        tasks += range(int(lo), int(hi or lo) + 1)
+    what = match["what"]
+    code = re.match(r"Exited with exit code (\d+)", what)
+    return match["node"], tasks, int(code.group(1)) if code else next(
+        (status for name, status in _TASK_SIGNALS.items() if what.startswith(name)), 1)
+
+
+def parse_sbatch_output(text: str) -> int:
+    """`sbatch --parsable` prints `JOBID` or `JOBID;CLUSTER`."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    job_id = first.split(";")[0]
+    if not job_id.isdigit():
+        raise ValueError(f"sbatch --parsable printed {text.strip()!r}, expected a job id")
+    return int(job_id)
+
+
+def parse_slurm_version(text: str) -> tuple[int, int]:
+    """'slurm-wlm 22.05.8' / 'slurm 22.05.8' -> (22, 5); also pyslurm's '22.5.1'."""
+    match = re.search(r"(\d+)\.(\d+)", text)
+    if not match:
+        raise ValueError(f"no version number in {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
