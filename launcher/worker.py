@@ -22,7 +22,8 @@ import sys
 import time
 import traceback
 
-from launcher.wire import control as C
+from launcher.runtime.env import device_from_env
+from launcher.wire.env import ENV_DEVICE, ENV_FIRST_DEVICE, ENV_STORE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Elastic training worker running the reference GPT trainer (migrate.train) through the runtime "
                     "API (launcher.runtime). Started by "
                     "elastic-launch, one per device; it reads the control-plane address and its device from "
-                    f"${C.ENV_STORE} and ${C.ENV_DEVICE} (or ${C.ENV_FIRST_DEVICE} + SLURM_LOCALID on Slurm).",
+                    f"${ENV_STORE} and ${ENV_DEVICE} (or ${ENV_FIRST_DEVICE} + SLURM_LOCALID on Slurm).",
         epilog="Example: elastic-launch --nnodes 2:4 --gpus-per-node 4 --layouts pp4tp2,pp2tp2 --db sqlite:///e.db "
                "-- python -m launcher.worker --layers 24 --hidden 512",
     )
@@ -55,19 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "loss writes it; for tests and loss-curve comparisons)")
     t.add_argument("--log-every", type=int, default=1, help="print the loss every N steps (default 1; 0: never)")
     return p
-
-
-def device_from_env(env=os.environ) -> tuple[int, int, int]:
-    """(device id, local rank, gpus per node) of this worker."""
-    gpn = int(env.get(C.ENV_GPUS_PER_NODE, "1"))
-    local = int(env.get(C.ENV_LOCAL_ID, env.get("SLURM_LOCALID", "0")))
-    if C.ENV_DEVICE in env:
-        return int(env[C.ENV_DEVICE]), local, gpn
-    if C.ENV_FIRST_DEVICE in env:  # one srun step per node: the node's first device id plus the task's index
-        return int(env[C.ENV_FIRST_DEVICE]) + local, local, gpn
-    if C.ENV_NODE_INDEX not in env:
-        raise RuntimeError(f"neither ${C.ENV_DEVICE} nor ${C.ENV_NODE_INDEX} is set: start workers with elastic-launch")
-    return int(env[C.ENV_NODE_INDEX]) * gpn + local, local, gpn
 
 
 def _model_and_config(args: argparse.Namespace):
@@ -121,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         device_from_env()
-        if C.ENV_STORE not in os.environ:
-            raise RuntimeError(f"${C.ENV_STORE} is unset: start workers with elastic-launch")
+        if ENV_STORE not in os.environ:
+            raise RuntimeError(f"${ENV_STORE} is unset: start workers with elastic-launch")
         _model_and_config(args)
     except Exception as exc:  # bad flags or no launcher: one line
         print(f"launcher.worker: error: {exc}", file=sys.stderr)

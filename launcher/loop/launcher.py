@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from launcher.loop import requests as admin
 from launcher.wire import control as C
+from launcher.wire.folders import latest_checkpoint
 from launcher.backends import AcquireFailed, CannotAcquire, NodeBackend, NodeHandle, Reporter
 from launcher.options import Options
 from launcher.loop.pauses import PendingPauses
@@ -486,7 +487,7 @@ class Launcher:
         if not keep:
             return Transaction(self, "failure").refuse("no node left")
         if self.opts.checkpoint_every and self._state_lost(failed):
-            found = C.latest_checkpoint(self.ckpt_dir)
+            found = latest_checkpoint(self.ckpt_dir)
             if found and self.restores >= self.opts.max_restarts:
                 return Transaction(self, "failure").refuse(
                     f"workers {sorted(dead)} kept failing: --max-restarts {self.opts.max_restarts} is used up by "

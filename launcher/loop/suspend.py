@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.wire import control as C
+from launcher.wire.folders import latest_checkpoint
 from launcher.loop.outcome import MigrationFailed, Outcome
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ def resume_checkpoint(job, ckpt_dir: str) -> str | None:
     if job is not None and job.state == "suspended" and job.checkpoint_path \
             and (Path(job.checkpoint_path) / ".metadata").exists():
         return job.checkpoint_path
-    found = C.latest_checkpoint(ckpt_dir)
+    found = latest_checkpoint(ckpt_dir)
     return found[0] if found else None
 
 
