@@ -22,7 +22,8 @@ import sys
 import time
 import traceback
 
-from launcher.wire import control as C
+from launcher.runtime.env import device_from_env
+from launcher.wire.env import ENV_DEVICE, ENV_FIRST_DEVICE, ENV_STORE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Elastic training worker running the reference GPT trainer (migrate.train) through the runtime "
                     "API (launcher.runtime). Started by "
                     "elastic-launch, one per device; it reads the control-plane address and its device from "
-                    f"${C.ENV_STORE} and ${C.ENV_DEVICE} (or ${C.ENV_FIRST_DEVICE} + SLURM_LOCALID on Slurm).",
+                    f"${ENV_STORE} and ${ENV_DEVICE} (or ${ENV_FIRST_DEVICE} + SLURM_LOCALID on Slurm).",
         epilog="Example: elastic-launch --nnodes 2:4 --gpus-per-node 4 --layouts pp4tp2,pp2tp2 --db sqlite:///e.db "
                "-- python -m launcher.worker --layers 24 --hidden 512",
     )
@@ -57,19 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def device_from_env(env=os.environ) -> tuple[int, int, int]:
-    """(device id, local rank, gpus per node) of this worker."""
-    gpn = int(env.get(C.ENV_GPUS_PER_NODE, "1"))
-    local = int(env.get(C.ENV_LOCAL_ID, env.get("SLURM_LOCALID", "0")))
-    if C.ENV_DEVICE in env:
-        return int(env[C.ENV_DEVICE]), local, gpn
-    if C.ENV_FIRST_DEVICE in env:  # one srun step per node: the node's first device id plus the task's index
-        return int(env[C.ENV_FIRST_DEVICE]) + local, local, gpn
-    if C.ENV_NODE_INDEX not in env:
-        raise RuntimeError(f"neither ${C.ENV_DEVICE} nor ${C.ENV_NODE_INDEX} is set: start workers with elastic-launch")
-    return int(env[C.ENV_NODE_INDEX]) * gpn + local, local, gpn
-
-
 def _model_and_config(args: argparse.Namespace):
     from migrate.layout import ModelSpec
     from migrate.train import TrainConfig
@@ -78,11 +66,6 @@ def _model_and_config(args: argparse.Namespace):
     tc = TrainConfig(global_batch=args.global_batch, micro_batch=args.micro_batch, seq_len=args.seq_len, lr=args.lr,
                      seed=args.seed)
     return model, tc
-
-
-def model_info(model) -> dict:
-    """The model flags every worker of a job must agree on (runtime.join's model_info)."""
-    return {k: getattr(model, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "dtype", "optimizer")}
 
 
 def train(args: argparse.Namespace) -> int:
@@ -100,7 +83,7 @@ def train(args: argparse.Namespace) -> int:
     job = runtime.join(model=lambda lay: build_stage(model, lay, tc.seed),
                        optimizer=lambda params: torch.optim.Adam(params, lr=tc.lr, fused=True),
                        manifest=lambda lay: stage_manifest(model, ParallelConfig.parse(lay.name), lay.rank),
-                       model_info=model_info(model), collective_timeout=args.collective_timeout)
+                       model_info=model.flags(), collective_timeout=args.collective_timeout)
     while job.next_step(until=args.steps or None):
         with job.guard():
             loss = train_step(job, model, tc)  # the reference trainer's step; commits on every rank or none
@@ -121,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         device_from_env()
-        if C.ENV_STORE not in os.environ:
-            raise RuntimeError(f"${C.ENV_STORE} is unset: start workers with elastic-launch")
+        if ENV_STORE not in os.environ:
+            raise RuntimeError(f"${ENV_STORE} is unset: start workers with elastic-launch")
         _model_and_config(args)
     except Exception as exc:  # bad flags or no launcher: one line
         print(f"launcher.worker: error: {exc}", file=sys.stderr)

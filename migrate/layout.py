@@ -106,6 +106,11 @@ class ModelSpec:
     optimizer: str = "adam"
     _kinds: tuple[str, ...] = field(init=False, repr=False, compare=False, default=())
 
+    def flags(self) -> dict:
+        """The model flags every worker of a job must agree on (launcher.runtime.join's model_info), and the
+        dashboard's dry run reads from the job's launch spec."""
+        return {k: getattr(self, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "dtype", "optimizer")}
+
     def __post_init__(self) -> None:
         if self.heads == 0 and self.hidden > 0:
             object.__setattr__(self, "heads", max(1, self.hidden // 64))

@@ -368,7 +368,7 @@ def end(code: int) -> NoReturn:
     after its last step and checkpoint (earlier in examples/ddp_restart.py, 844614b); which object it
     was is not known (no core), the teardown is where it happened. One way found since: the groups of
     worlds the runtime left, still being torn down by a daemon thread as the process ended (gone for
-    every worker: Control.settle_retired waits for that at exit). The launcher rightly takes an abort
+    every worker: Worlds.settle_retired waits for that at exit). The launcher rightly takes an abort
     for a failure, so a job that finished was reported failed. The teardown also costs ~0.6 s of CPU
     per worker, on cores other workers share."""
     import atexit

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from launcher.wire import control as C
+from launcher.wire.env import ENV_DEVICE, ENV_GPUS_PER_NODE, ENV_LOCAL_ID, ENV_NODE, ENV_NODE_INDEX
 from launcher.backends import forkserver
 from launcher.backends.base import Acquired, CannotAcquire, NodeHandle, Reporter, resolve_python, stop_handle
 
@@ -67,10 +67,10 @@ class LocalNodes:
         out = []
         for g in range(self.sizes[index]):
             env = dict(base)
-            env.update({C.ENV_DEVICE: str(self.first[index] + g), C.ENV_LOCAL_ID: str(g),
-                        C.ENV_NODE: node, C.ENV_NODE_INDEX: str(index)})
+            env.update({ENV_DEVICE: str(self.first[index] + g), ENV_LOCAL_ID: str(g),
+                        ENV_NODE: node, ENV_NODE_INDEX: str(index)})
             if len(set(self.sizes)) > 1:  # the worker's LOCAL_WORLD_SIZE is its node's GPU count
-                env[C.ENV_GPUS_PER_NODE] = str(self.sizes[index])
+                env[ENV_GPUS_PER_NODE] = str(self.sizes[index])
             out.append(env)
         return out
 
@@ -88,7 +88,7 @@ class LocalNodes:
         self.out.discard(node)
         server = forkserver.shared() if self.fork_server else None
         for env, cmd in zip(self.worker_env(node, index, base), self.commands_for_start(node, index, base, argv)):
-            dev = int(env[C.ENV_DEVICE])
+            dev = int(env[ENV_DEVICE])
             log = None
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)

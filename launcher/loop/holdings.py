@@ -10,7 +10,6 @@ from launcher.options import Options
 from launcher.loop import live_plan
 from launcher.policy.layouts import tp_fit
 from launcher.policy.survival import auto_checkpoint_every, survival
-from launcher.worker import model_info
 from migrate.layout import LayoutError
 from migrate.topology import Device, Topology
 
@@ -84,7 +83,7 @@ class Holdings:
                 layouts[str(devices)] = str(self.choose(devices))
             except LayoutError:
                 continue
-        return {"model": model_info(self.model), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
+        return {"model": self.model.flags(), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
                 "gpus_per_node": self.gpn, "layouts": layouts, "placement": self.opts.placement,
                 "checkpoint_every": self.opts.checkpoint_every, "survives": self.survival(current).as_dict()}
 

@@ -100,7 +100,7 @@ class Launcher:
         self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port}; {self.backend.describe()}")
         self.request = StartRequest.for_job(self.opts, self.db.url, self.ctl.port)
         largest = max((self.holdings.devices_on([n]) for n in self.alloc), default=self.gpn)
-        self.ctl.set_json(C.KEY_SHAPES, live_plan.shapes(self.opts, self.holdings.tp_fit, largest))
+        self.ctl.set_shapes(live_plan.shapes(self.opts, self.holdings.tp_fit, largest))
         nodes = self.alloc[:self.opts.max_nodes]
         mode = self.opts.mode
         if mode == "auto" and (self.opts.model is not None or self.opts.resume

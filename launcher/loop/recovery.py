@@ -11,7 +11,7 @@ from pathlib import Path
 
 from launcher.loop.outcome import MigrationFailed, Outcome
 from launcher.policy.survival import covered
-from launcher.wire import control as C
+from launcher.wire.folders import latest_checkpoint
 from migrate.layout import LayoutError
 from migrate.topology import RankMap
 
@@ -48,7 +48,7 @@ def on_failure(mode, dead: dict[int, int]) -> Outcome:
     if not keep:
         return rec.refuse(_outcome(mode), "no node left")
     if mode.opts.checkpoint_every and not covered(cur.layout, cur.devices, failed):
-        found = C.latest_checkpoint(mode.ckpt_dir)
+        found = latest_checkpoint(mode.ckpt_dir)
         if found and mode.restores >= mode.opts.max_restarts:
             return rec.refuse(_outcome(mode), f"workers {sorted(dead)} kept failing: --max-restarts "
                               f"{mode.opts.max_restarts} is used up by restores from the safety checkpoint; raise "

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
-from launcher.runtime.torchrun_exec import ENV_RANK_BASE
+from launcher.wire.env import ENV_RANK_BASE
 from launcher.loop.outcome import MigrationFailed, Outcome
 from migrate.layout import ParallelConfig
 from migrate.topology import RankMap

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.wire import control as C
+from launcher.wire.env import ENV_CKPT_DIR, ENV_CKPT_EVERY, ENV_FIRST_EVENT, ENV_GPUS_PER_NODE, ENV_STORE
 from launcher.backends import NodeBackend
 from launcher.options import Options, default_checkpoint_dir
 
@@ -41,10 +41,10 @@ class StartRequest:
         """Every worker's environment before the backend adds its node's and device's variables;
         `first_event` is the first control-plane event the workers handle (0 at the start)."""
         port = "PORT" if self.port is None else str(self.port)
-        return {C.ENV_STORE: f"{self.master_addr}:{port}", C.ENV_GPUS_PER_NODE: str(self.gpus_per_node),
-                C.ENV_FIRST_EVENT: str(first_event), "MASTER_ADDR": self.master_addr, "MASTER_PORT": port,
-                "PYTHONUNBUFFERED": "1", C.ENV_CKPT_DIR: self.checkpoint_dir,
-                C.ENV_CKPT_EVERY: str(self.checkpoint_every)}
+        return {ENV_STORE: f"{self.master_addr}:{port}", ENV_GPUS_PER_NODE: str(self.gpus_per_node),
+                ENV_FIRST_EVENT: str(first_event), "MASTER_ADDR": self.master_addr, "MASTER_PORT": port,
+                "PYTHONUNBUFFERED": "1", ENV_CKPT_DIR: self.checkpoint_dir,
+                ENV_CKPT_EVERY: str(self.checkpoint_every)}
 
     def commands(self, backend: NodeBackend, nodes: Sequence[str], first_event: int = 0) -> list[list[str]]:
         """The command lines that start the workers of `nodes` (indices from the backend's allocation)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from launcher.loop.outcome import MigrationFailed, Outcome
-from launcher.wire import control as C
+from launcher.wire.folders import latest_checkpoint
 
 
 def resume_checkpoint(job, ckpt_dir: str) -> str | None:
@@ -19,7 +19,7 @@ def resume_checkpoint(job, ckpt_dir: str) -> str | None:
     if job is not None and job.state == "suspended" and job.checkpoint_path \
             and (Path(job.checkpoint_path) / ".metadata").exists():
         return job.checkpoint_path
-    found = C.latest_checkpoint(ckpt_dir)
+    found = latest_checkpoint(ckpt_dir)
     return found[0] if found else None
 
 

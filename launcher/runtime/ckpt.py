@@ -9,7 +9,7 @@ needs (a job suspended on tp2dp2 resumes on tp2dp1). This holds the same for DTe
 because both are described by their manifest; with pipeline parallelism each stage writes the FQNs
 it owns (they are global names, so a load on another split finds them). Beside them: every
 registered object's `state_dict()` and the number of finished steps. Folders follow
-launcher.wire.control's convention: DIR/.tmp-step-<S> while it is written, renamed to DIR/step-<S> by
+launcher.wire.folders' convention: DIR/.tmp-step-<S> while it is written, renamed to DIR/step-<S> by
 rank 0 once every rank's part is on disk; a restore only ever reads a `step-<S>`.
 
 Two ways to write: `save` (a suspend: every rank at one boundary, synchronously, then the workers
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
-from launcher.wire import control as C
+from launcher.wire.folders import checkpoint_paths, finalize_checkpoint
 from launcher.runtime.faults import die_at
 
 #: how long a background write (and its gloo group's collectives) may take before it is dropped
@@ -69,11 +69,11 @@ def save(root: str, local: Mapping[str, object], manifest, mesh, extras: Mapping
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    tmp, final = C.checkpoint_paths(root, step)
+    tmp, final = checkpoint_paths(root, step)
     dcp.save(_state(local, manifest, mesh, extras, step), checkpoint_id=str(tmp))
     dist.barrier()  # every rank's part is on disk before the folder is published
     if rank == 0:
-        C.finalize_checkpoint(root, step)
+        finalize_checkpoint(root, step)
     return str(final)
 
 
@@ -87,7 +87,7 @@ class Safety:
     write at a time: the next `start` first waits for the one before. `poll` at every boundary and
     `settle` before anything changes the world (an event, leaving) finish it: when DCP's save
     returned on a rank, every rank's files and the metadata are on disk (its last collective comes
-    after the metadata is written), so rank 0 then publishes it (launcher.wire.control.finalize_checkpoint)
+    after the metadata is written), so rank 0 then publishes it (launcher.wire.folders.finalize_checkpoint)
     keeping the complete one before it -- the launcher may have chosen that one for a restore a moment
     earlier. A write that fails (a peer died, the world was cut) is dropped: its .tmp folder is never
     read, the complete one before stays.
@@ -112,7 +112,7 @@ class Safety:
         self.settle()
         t0 = time.perf_counter()
         group = self._writes_group()
-        tmp, _final = C.checkpoint_paths(self.root, step)
+        tmp, _final = checkpoint_paths(self.root, step)
         if rank == 0:  # a write of this step that never finished (the job went back to an older one since)
             # safe before the others write: rank 0's own save creates the folder again before the planning
             # collective, and no rank writes a byte before that collective
@@ -145,7 +145,7 @@ class Safety:
         if not publisher:
             return None
         try:
-            path = C.finalize_checkpoint(self.root, step, keep_previous=True)
+            path = finalize_checkpoint(self.root, step, keep_previous=True)
         except OSError as exc:  # the folder stays temporary (never restored); training goes on
             self.log(f"safety checkpoint of step {step} not published: {exc}")
             return None

@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Callable
 
-from launcher.wire import control as C
+from launcher.wire.control import Control, WorldAborted
 
 ABORT_WAIT_S = 10.0
 
@@ -34,17 +34,17 @@ class StepAborted(RuntimeError):
     """The step was not committed: some worker of the training world failed it."""
 
 
-def is_peer_failure(exc: BaseException, ctl: C.Control, world: str | None, wait_s: float = ABORT_WAIT_S) -> bool:
+def is_peer_failure(exc: BaseException, ctl: Control, world: str | None, wait_s: float = ABORT_WAIT_S) -> bool:
     """True when `exc` comes from another worker's failure (see the module docstring)."""
     import torch.distributed as dist
 
-    if isinstance(exc, (StepAborted, C.WorldAborted, dist.DistError)):
+    if isinstance(exc, (StepAborted, WorldAborted, dist.DistError)):
         return True
     if not isinstance(exc, RuntimeError) or world is None:
         return False
     deadline = time.monotonic() + wait_s
     while True:
-        if ctl.has(f"abort/{world}"):
+        if ctl.world_aborted(world):
             return True
         if time.monotonic() > deadline:
             return False

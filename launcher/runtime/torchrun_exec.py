@@ -19,8 +19,7 @@ import shutil
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 
-ENV_LOCAL_ID = "ELASTIC_LOCAL_ID"  # same name as launcher.wire.control.ENV_LOCAL_ID (no torch import here)
-ENV_RANK_BASE = "ELASTIC_RANK_BASE"  # RANK of the node's first worker (nodes may run different numbers)
+from launcher.wire.env import ENV_LOCAL_ID, ENV_RANK_BASE
 
 
 def rank_env(env: Mapping[str, str]) -> dict[str, str]:

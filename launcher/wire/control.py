@@ -33,8 +33,10 @@ survivors of a failure all hold the state of the same finished step.
 Each epoch runs in a process-group world made from a `PrefixStore` on the same TCPStore: `m<e>` for
 the migration (old and new devices), `w<e>` for training on the new layout. Where the members are
 the same (a grow: the migration world is the new layout's devices; a shrink: the old layout's
-devices are the migration world) the reference worker keeps the process group (`join_world(...,
-keep=True)`); the store names (commits, aborts) are per world all the same.
+devices are the migration world) the worker keeps the process group (launcher.runtime.worlds, which
+meets on `join/<world>` and `keep/<world>` here); the store names (commits, aborts) are per world all the same.
+A migration also hands each old rank's registered objects and step count over on `ev/<e>/extra/<rank>` and
+`ev/<e>/step/<rank>`.
 
 Timeline (what a pause is made of, launcher.loop.timeline): every Control keeps wall-time marks of what
 its worker did (`mark`; joining and forming a world, voting on and committing a step are marked
@@ -43,78 +45,16 @@ commit of the first step it commits in each training world on `tl/<world>/first/
 """
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 
-ENV_STORE = "ELASTIC_STORE"  # host:port of the control plane
-ENV_DEVICE = "ELASTIC_DEVICE"  # this worker's device id (local backend)
-ENV_NODE_INDEX = "ELASTIC_NODE_INDEX"  # index of this worker's node in the job topology (Slurm steps)
-ENV_FIRST_DEVICE = "ELASTIC_FIRST_DEVICE"  # device id of the node's GPU 0 (Slurm steps; nodes may differ in size)
-ENV_GPUS_PER_NODE = "ELASTIC_GPUS_PER_NODE"
+from launcher.wire.env import ENV_STORE
+
 KEY_SHAPES = "shapes"
-ENV_LOCAL_ID = "ELASTIC_LOCAL_ID"  # local task index; Slurm steps use SLURM_LOCALID
-ENV_FIRST_EVENT = "ELASTIC_FIRST_EVENT"  # first event this worker handles
-ENV_NODE = "ELASTIC_NODE"
-ENV_CKPT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where the job's checkpoints live (suspend and safety)
-ENV_CKPT_EVERY = "ELASTIC_CHECKPOINT_EVERY"  # safety checkpoint every N steps (0: never)
 POLL_MIN_S, POLL_MAX_S = 0.0005, 0.02  # how often a waiting voter looks for the decision: first, at most
-
-
-# -- checkpoint folders: DIR/step-<S> is complete (renamed when its write finished), DIR/.tmp-step-<S> is not
-def checkpoint_paths(root, step: int):
-    """(temporary, final) folder of the checkpoint of step `step` under `root`."""
-    from pathlib import Path
-
-    return Path(root) / f".tmp-step-{step}", Path(root) / f"step-{step}"
-
-
-def latest_checkpoint(root, before: int | None = None) -> tuple[str, int] | None:
-    """(path, step) of the newest complete checkpoint under `root` (of a step < `before` if given), or None."""
-    from pathlib import Path
-
-    best = None
-    for p in Path(root).glob("step-*") if root and Path(root).is_dir() else ():
-        tail = p.name[len("step-"):]
-        if tail.isdigit() and (p / ".metadata").exists() and (best is None or int(tail) > best[1]) \
-                and (before is None or int(tail) < before):
-            best = (str(p), int(tail))
-    return best
-
-
-def finalize_checkpoint(root, step: int, keep_previous: bool = False) -> str:
-    """Publish the finished temporary checkpoint of `step` and drop older ones; returns its path.
-    Called once (by the layout's rank 0) after every rank's write completed.
-
-    keep_previous=True keeps the newest complete checkpoint before `step` too (a background safety
-    checkpoint: the launcher may have just chosen that one for a restore when this one is published,
-    and it must still be there when the restarted workers read it). An older folder is first renamed
-    to a temporary name, then deleted, so a crash half way never leaves a partial `step-<S>`."""
-    import shutil
-
-    tmp, final = checkpoint_paths(root, step)
-    if final.exists():
-        _drop(final)
-    os.replace(tmp, final)
-    older = latest_checkpoint(root, before=step) if keep_previous else None
-    for p in list(final.parent.iterdir()):
-        tail = next((p.name[len(pre):] for pre in ("step-", ".tmp-step-", ".old-step-") if p.name.startswith(pre)), "")
-        if tail.isdigit() and int(tail) < step and (older is None or str(p) != older[0]):
-            _drop(p) if p.name.startswith("step-") else shutil.rmtree(p, ignore_errors=True)
-    return str(final)
-
-
-def _drop(folder) -> None:
-    """Delete a published checkpoint folder: renamed out of `step-*` first (atomic), then removed."""
-    import shutil
-
-    gone = folder.with_name(f".old-{folder.name}")
-    os.replace(folder, gone)
-    shutil.rmtree(gone, ignore_errors=True)
 
 
 class WorldAborted(RuntimeError):
@@ -131,13 +71,9 @@ class Control:
         self.store = dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
                                    timeout=timedelta(seconds=timeout_s))
         self.port = self.store.port
-        self.device: int | None = None  # this worker's device, known once it joins a world
+        self.device: int | None = None  # this worker's device, known once it joins a world (runtime.worlds)
         self.marks: dict[str, float] = {}  # name -> wall time (time.time()) of what this worker did
         self._first_seen: set[str] = set()  # training worlds whose first commit this worker stamped
-        self.pg_members: list[int] | None = None  # devices of the process group this worker is in, by rank
-        self.retired: list = []  # process groups of worlds left, not yet torn down (_retire_world)
-        self._retiring: list[threading.Thread] = []  # teardowns of worlds dropped (drop_retired), maybe running
-        self._settle_at_exit = False  # whether settle_retired runs at exit
 
     @classmethod
     def from_env(cls, timeout_s: float = 300.0) -> "Control":
@@ -185,6 +121,13 @@ class Control:
 
     def model(self) -> dict | None:
         return self.get_json("model") if self.has("model") else None
+
+    def set_shapes(self, shapes: list[str]) -> None:
+        self.set_json(KEY_SHAPES, shapes)
+
+    def shapes(self) -> list[str] | None:
+        """The layout shapes the launcher may choose (`shapes`), None before it posted them."""
+        return self.get_json(KEY_SHAPES) if self.has(KEY_SHAPES) else None
 
     # -- membership and heartbeats -----------------------------------------------------------
     def hello(self, device: int) -> None:
@@ -314,7 +257,7 @@ class Control:
             self.store.set(f"t/{world}/last", now)
 
         self.mark("voted")
-        ok = self.decide(f"c/{world}/{step}", n, f"abort/{world}", on_commit=stamp)
+        ok = self.decide(f"c/{world}/{step}", n, self.abort_key(world), on_commit=stamp)
         if ok:
             self.mark("committed")
             if world not in self._first_seen and self.device is not None:
@@ -339,100 +282,63 @@ class Control:
         """Stop decision `key` from committing; True if it had committed already (too late)."""
         return self._settle(key, "no")
 
+    def drop_step_votes(self, world: str, step: int) -> None:
+        """Forget the decision on the step after `step` finished steps in `world` (every voter is past it)."""
+        for key in (f"c/{world}/{step}", f"c/{world}/{step}/n"):
+            self.store.delete_key(key)
+
+    def commit_event(self, epoch: int, n: int) -> bool:
+        """Vote yes on migration `epoch` committing among its `n` participants (see `decide`)."""
+        return self.decide(self.commit_key(epoch), n)
+
     def veto_event(self, epoch: int) -> bool:
         """Stop migration `epoch` from committing (veto); True if every participant had voted yes already."""
-        return self.veto(f"ev/{epoch}/commit")
+        return self.veto(self.commit_key(epoch))
+
+    @staticmethod
+    def commit_key(epoch: int) -> str:
+        """The decision on migration `epoch`: its veto also calls off forming the migration's world."""
+        return f"ev/{epoch}/commit"
 
     def _settle(self, key: str, value: str) -> bool:
         return self.store.compare_set(key, "", value).decode() == "go"
 
+    @staticmethod
+    def abort_key(world: str) -> str:
+        """The mark of training world `world` aborted (`abort_world`): forming the world waits for it too."""
+        return f"abort/{world}"
+
     def abort_world(self, world: str) -> None:
         """Tell the members of training world `world` to abandon their current step."""
-        self.store.set(f"abort/{world}", "1")
+        self.store.set(self.abort_key(world), "1")
 
-    # -- process-group worlds ---------------------------------------------------------------
-    def join_world(self, name: str, members: list[int], device: int, timeout_s: float,
-                   abort_key: str | None = None, keep: bool = False) -> int:
-        """Leave the current world (if any) and join world `name` of `members`; returns my rank in it
-        (my index in `members`; `world_ranks(members)` gives the process-group rank of each member).
+    def world_aborted(self, world: str) -> bool:
+        return self.has(self.abort_key(world))
 
-        With `abort_key`, the members first meet on the store and WorldAborted is raised when the key
-        appears before all of them arrived (a member died): gloo's own rendezvous would wait out
-        `timeout_s` for it.
+    # -- what a migration hands over besides the tensors ---------------------------------------
+    def hand_over(self, epoch: int, old_rank: int, objects: bytes, step: int) -> None:
+        """Old rank `old_rank`'s registered objects (serialized) and finished steps, for migration `epoch`."""
+        self.store.set(f"ev/{epoch}/extra/{old_rank}", objects)
+        self.store.set(f"ev/{epoch}/step/{old_rank}", str(step))
 
-        keep=True (with `abort_key`): when the process group this worker is in has exactly these members
-        (in any order) and every member asks to keep it, it is kept as the world `name` instead of forming
-        a new one (a gloo world of N processes
-        takes from 0.05 s to 0.5 s on this machine to form, inside the pause). Only a caller that
-        knows the group is healthy says so: after a migration committed in it, or a training
-        world whose steps commit; a group whose sockets were cut is never kept."""
+    def handed_over(self, epoch: int, old_rank: int) -> tuple[bytes, int]:
+        """(objects, finished steps) old rank `old_rank` handed over in migration `epoch`."""
+        return self.store.get(f"ev/{epoch}/extra/{old_rank}"), int(self.store.get(f"ev/{epoch}/step/{old_rank}").decode())
+
+    # -- process-group worlds: the meeting on the store and the groups' own store (launcher.runtime.worlds)
+    def meet(self, name: str, n: int, abort_key: str) -> bool:
+        """Wait for all `n` members of world `name`; False when `abort_key` appeared first."""
+        return self.decide(f"join/{name}", n, abort_key)
+
+    def wish_keep(self, name: str) -> None:
+        """Count this member's wish to keep its process group as world `name` (before it meets the others)."""
+        self.store.add(f"keep/{name}", 1)
+
+    def keep_wishes(self, name: str) -> int:
+        return self.store.add(f"keep/{name}", 0)
+
+    def world_store(self, name: str):
+        """The store world `name`'s process groups rendezvous on (a prefix of this one)."""
         import torch.distributed as dist
 
-        self.device = device
-        self.mark(f"join {name}")
-        rank = members.index(device)
-        can_keep = keep and abort_key is not None and dist.is_initialized() and self.pg_members is not None \
-            and sorted(self.pg_members) == sorted(members)
-        if can_keep:
-            self.store.add(f"keep/{name}", 1)
-        if abort_key is not None and not self.decide(f"join/{name}", len(members), abort_key):
-            raise WorldAborted(f"world {name}: a member did not arrive ({abort_key} set)")
-        # every member's wish was counted before its vote: the group is kept only if all of them can keep it
-        kept = can_keep and self.store.add(f"keep/{name}", 0) == len(members)
-        if dist.is_initialized() and not kept:
-            self._retire_world()
-        if kept:
-            self.mark(f"kept {name}")  # the process group was kept (tests and the timeline can tell)
-        self.mark(f"met {name}")
-        if not kept:
-            dist.init_process_group("gloo", store=dist.PrefixStore(f"world/{name}/", self.store), rank=rank,
-                                    world_size=len(members), timeout=timedelta(seconds=timeout_s))
-            self.pg_members = list(members)
-        self.mark(f"formed {name}")
-        return rank
-
-    def _retire_world(self) -> None:
-        """Leave the current world without tearing it down inside the pause: its process groups (the
-        world's and its mesh's) are kept alive in `retired` past destroy_process_group, whose work is
-        their destructors (joining gloo's threads, closing a socket per peer: up to 0.24 s among 24
-        processes on 2 cores, and the next world forms slower meanwhile). drop_retired() lets them go.
-        They are gone before the process ends (settle_retired, registered to run at exit): a gloo group
-        that drop_retired's daemon thread still tears down while the interpreter finalizes aborts the
-        process ("terminate called without an active exception", exit -6), and the launcher would take
-        a worker that finished for one that failed; one never dropped is torn down there too, so none is
-        left to the interpreter's teardown."""
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-
-        self.retired += list(c10d._world.pg_names)
-        if not self._settle_at_exit:
-            self._settle_at_exit = True
-            atexit.register(self.settle_retired)
-        dist.destroy_process_group()
-        self.pg_members = None
-
-    def drop_retired(self) -> None:
-        """Tear down the retired worlds' process groups in the background (once the new world trains).
-        The process waits for that teardown before it ends (settle_retired, run at exit)."""
-        if not self.retired:
-            return
-        groups, self.retired = self.retired, []
-        teardown = threading.Thread(target=groups.clear, name="retire-worlds", daemon=True)
-        self._retiring = [t for t in self._retiring if t.is_alive()] + [teardown]
-        teardown.start()
-
-    def settle_retired(self, timeout_s: float = 30.0) -> None:
-        """Wait (at most `timeout_s`) for the retired worlds' teardowns to end, and tear down here any
-        retired world not dropped yet. The teardown threads are daemons rather than threads the exit
-        waits for without end: one that hangs (a peer's socket that never closes) lets the process end
-        after `timeout_s` all the same."""
-        deadline = time.monotonic() + timeout_s
-        for teardown in self._retiring:
-            teardown.join(max(0.0, deadline - time.monotonic()))
-        self.retired.clear()
-
-    def world_ranks(self, devices: Iterable[int]) -> list[int]:
-        """The process-group rank of each of `devices` in the world this worker is in."""
-        if self.pg_members is None:
-            raise RuntimeError("not in a world (join_world first)")
-        return [self.pg_members.index(d) for d in devices]
+        return dist.PrefixStore(f"world/{name}/", self.store)

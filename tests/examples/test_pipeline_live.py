@@ -270,7 +270,7 @@ def test_a_job_of_new_interpreters_that_ends_one_step_after_a_shrink_finishes(tm
     # while the workers sleep after step 3, so every one sees it after that step and it lands after step
     # 5 (finished steps + 2); the job's 6th step is its last. The two workers that stay tear the old
     # world's groups down once they trained a step on the new one, right before they end: the process
-    # waits for that (Control.settle_retired); before, it aborted in the interpreter's teardown and the
+    # waits for that (launcher.runtime.worlds.Worlds.settle_retired); before, it aborted in the interpreter's teardown and the
     # launcher reported the finished job as failed ("no node left").
     from launcher.cli import main as elastic
 

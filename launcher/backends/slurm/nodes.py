@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from launcher.wire import control as C
+from launcher.wire.env import ENV_FIRST_DEVICE, ENV_GPUS_PER_NODE, ENV_NODE, ENV_NODE_INDEX
 from launcher.backends.base import Acquired, AcquireFailed, NodeHandle, Reporter, resolve_python, stop_handle
 from launcher.backends.slurm.client import SlurmError
 from launcher.backends.slurm.commands import (
@@ -145,8 +145,8 @@ class SlurmNodes:
 
     def step_env(self, node: str, index: int, base: Mapping[str, str]) -> dict[str, str]:
         env = dict(base)
-        env.update({C.ENV_NODE: node, C.ENV_NODE_INDEX: str(index), C.ENV_FIRST_DEVICE: str(self.first_device(node)),
-                    C.ENV_GPUS_PER_NODE: str(self.gpus_on(node))})
+        env.update({ENV_NODE: node, ENV_NODE_INDEX: str(index), ENV_FIRST_DEVICE: str(self.first_device(node)),
+                    ENV_GPUS_PER_NODE: str(self.gpus_on(node))})
         return env
 
     def job_of(self, node: str) -> int:

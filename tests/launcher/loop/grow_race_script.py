@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 gate, steps = Path(sys.argv[1]), int(sys.argv[2])
-if int(os.environ.get("ELASTIC_FIRST_EVENT", "0")) > 0:  # launcher.wire.control.ENV_FIRST_EVENT (before torch loads)
+if int(os.environ.get("ELASTIC_FIRST_EVENT", "0")) > 0:  # launcher.wire.env.ENV_FIRST_EVENT (before torch loads)
     (gate / "grown").touch()
 
 import torch  # noqa: E402

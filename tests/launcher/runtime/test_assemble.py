@@ -1,4 +1,4 @@
-"""launcher.runtime.job._on_meta and _assemble: a migration's model is built on the meta device and takes the
+"""launcher.runtime.state.on_meta and assemble: a migration's model is built on the meta device and takes the
 received tensors themselves (no copy, no optimizer step inside the pause), only where every tensor it holds
 is in its state dict under one name (a load then fills all of it); otherwise the runtime builds it for real.
 Plain modules and a real torch.optim.Adam, no processes."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from launcher.runtime.job import _assemble, _on_meta, _state_views
+from launcher.runtime.state import assemble, on_meta, state_views
 
 LAY = SimpleNamespace(tp=1)
 
@@ -61,11 +61,11 @@ def _trained(steps: int) -> tuple[nn.Module, torch.optim.Optimizer]:
 
 def test_a_migration_model_holds_the_received_tensors_themselves_and_trains_on_bit_exact() -> None:
     ref, ref_opt = _trained(3)
-    received = {k: v.detach().clone() for k, v in _state_views(ref, ref_opt).items()}  # what a transfer delivers
-    module = _on_meta(lambda lay: Plain(), LAY, {})
+    received = {k: v.detach().clone() for k, v in state_views(ref, ref_opt).items()}  # what a transfer delivers
+    module = on_meta(lambda lay: Plain(), LAY, {})
     assert module is not None and {t.device.type for t in module.state_dict().values()} == {"meta"}
-    m, opt = _assemble(module, _adam, received)
-    mine = _state_views(m, opt)
+    m, opt = assemble(module, _adam, received)
+    mine = state_views(m, opt)
     assert set(mine) == set(received)
     for k, t in mine.items():  # no copy: the very tensors
         assert t.data_ptr() == received[k].data_ptr(), k
@@ -74,28 +74,28 @@ def test_a_migration_model_holds_the_received_tensors_themselves_and_trains_on_b
         o.zero_grad()
         model(torch.full((2, 4), 3.0)).backward()
         o.step()
-    for k, v in _state_views(ref, ref_opt).items():
+    for k, v in state_views(ref, ref_opt).items():
         assert torch.equal(v, mine[k]), k
 
 
 def test_tensors_a_load_would_not_fill_make_the_runtime_build_for_real() -> None:
-    assert _on_meta(lambda lay: WithAttribute(), LAY, {}) is None
-    assert _on_meta(lambda lay: WithScratchBuffer(), LAY, {}) is None
+    assert on_meta(lambda lay: WithAttribute(), LAY, {}) is None
+    assert on_meta(lambda lay: WithScratchBuffer(), LAY, {}) is None
 
 
 def test_tied_weights_make_the_runtime_build_for_real() -> None:
-    assert _on_meta(lambda lay: Tied(), LAY, {}) is None
+    assert on_meta(lambda lay: Tied(), LAY, {}) is None
 
 
 def test_a_tp_plan_to_apply_makes_the_runtime_build_for_real() -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel
 
-    assert _on_meta(lambda lay: Plain(), SimpleNamespace(tp=2), {"up": ColwiseParallel()}) is None
+    assert on_meta(lambda lay: Plain(), SimpleNamespace(tp=2), {"up": ColwiseParallel()}) is None
 
 
 def test_a_missing_received_tensor_fails_before_training() -> None:
     ref, ref_opt = _trained(1)
-    received = {k: v.detach().clone() for k, v in _state_views(ref, ref_opt).items() if k != "up.weight"}
-    module = _on_meta(lambda lay: Plain(), LAY, {})
+    received = {k: v.detach().clone() for k, v in state_views(ref, ref_opt).items() if k != "up.weight"}
+    module = on_meta(lambda lay: Plain(), LAY, {})
     with pytest.raises(KeyError, match="up.weight"):
-        _assemble(module, _adam, received)
+        assemble(module, _adam, received)

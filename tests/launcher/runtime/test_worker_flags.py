@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from launcher.wire import control as C
+from launcher.wire.env import ENV_DEVICE, ENV_GPUS_PER_NODE, ENV_LOCAL_ID, ENV_STORE
 
 from tests.paths import ROOT
 
 
 def _worker(ctl: C.Control, device: int, layers: int, tmp_path: Path, **extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), C.ENV_STORE: ctl.address, C.ENV_DEVICE: str(device),
-           C.ENV_GPUS_PER_NODE: "2", C.ENV_LOCAL_ID: str(device), **extra}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), ENV_STORE: ctl.address, ENV_DEVICE: str(device),
+           ENV_GPUS_PER_NODE: "2", ENV_LOCAL_ID: str(device), **extra}
     return subprocess.Popen([sys.executable, "-m", "launcher.worker", "--layers", str(layers), "--hidden", "64",
                              "--vocab", "128"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=open(tmp_path / f"dev{device}.err", "w"), text=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.wire import control as C
+from launcher.wire.folders import finalize_checkpoint, latest_checkpoint
 
 
 def _folder(root: Path, name: str, complete: bool = True) -> None:
@@ -16,13 +16,13 @@ def _folder(root: Path, name: str, complete: bool = True) -> None:
 
 
 def test_only_published_folders_with_metadata_are_restored(tmp_path: Path) -> None:
-    assert C.latest_checkpoint(tmp_path) is None and C.latest_checkpoint(tmp_path / "missing") is None
+    assert latest_checkpoint(tmp_path) is None and latest_checkpoint(tmp_path / "missing") is None
     _folder(tmp_path, "step-4")
     _folder(tmp_path, ".tmp-step-8")  # written completely but never published
     _folder(tmp_path, "step-6", complete=False)  # no metadata: not a checkpoint
     _folder(tmp_path, "step-x")
-    assert C.latest_checkpoint(tmp_path) == (str(tmp_path / "step-4"), 4)
-    assert C.latest_checkpoint(tmp_path, before=4) is None
+    assert latest_checkpoint(tmp_path) == (str(tmp_path / "step-4"), 4)
+    assert latest_checkpoint(tmp_path, before=4) is None
 
 
 def test_publishing_drops_older_ones_or_keeps_the_previous(tmp_path: Path) -> None:
@@ -31,15 +31,15 @@ def test_publishing_drops_older_ones_or_keeps_the_previous(tmp_path: Path) -> No
     _folder(tmp_path, ".tmp-step-5", complete=False)  # a write that failed
     _folder(tmp_path, ".old-step-1")  # a deletion that was cut short
     _folder(tmp_path, ".tmp-step-6")
-    assert C.finalize_checkpoint(tmp_path, 6, keep_previous=True) == str(tmp_path / "step-6")
+    assert finalize_checkpoint(tmp_path, 6, keep_previous=True) == str(tmp_path / "step-6")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-4", "step-6"]
     _folder(tmp_path, ".tmp-step-9")  # a newer write in flight is left alone
     _folder(tmp_path, ".tmp-step-8")
-    C.finalize_checkpoint(tmp_path, 8, keep_previous=True)
+    finalize_checkpoint(tmp_path, 8, keep_previous=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-step-9", "step-6", "step-8"]
-    assert C.latest_checkpoint(tmp_path) == (str(tmp_path / "step-8"), 8)
+    assert latest_checkpoint(tmp_path) == (str(tmp_path / "step-8"), 8)
     _folder(tmp_path, ".tmp-step-10")
-    C.finalize_checkpoint(tmp_path, 10)  # a suspend: only the one just written stays
+    finalize_checkpoint(tmp_path, 10)  # a suspend: only the one just written stays
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-10"]
 
 
@@ -47,7 +47,7 @@ def test_publishing_a_step_again_replaces_it(tmp_path: Path) -> None:
     _folder(tmp_path, "step-4")
     (tmp_path / "step-4" / "stale").write_bytes(b"old")
     _folder(tmp_path, ".tmp-step-4")
-    C.finalize_checkpoint(tmp_path, 4, keep_previous=True)
+    finalize_checkpoint(tmp_path, 4, keep_previous=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-4"]
     assert sorted(p.name for p in (tmp_path / "step-4").iterdir()) == [".metadata", "__0_0.distcp"]
 
@@ -69,4 +69,4 @@ def test_a_background_write_that_dcp_failed_is_dropped_not_raised(tmp_path: Path
     safety.pending = (fut, 6, True)
     assert safety.settle() is None and safety.pending is None
     assert any("step 6 dropped: CheckpointException" in line for line in logged), logged
-    assert C.latest_checkpoint(tmp_path) == (str(tmp_path / "step-4"), 4)
+    assert latest_checkpoint(tmp_path) == (str(tmp_path / "step-4"), 4)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.wire import control as C
+from launcher.wire.env import ENV_NODE
 from launcher.backends.slurm.client import SlurmCommands
 from tests.launcher.loop.test_faults import check_curve, read_losses
 from tests.launcher.backends.slurm.test_launch_slurm import _gone, _open, wait
@@ -37,8 +37,8 @@ def _workers(slurm_job: int) -> dict[str, list[int]]:
             env = dict(kv.split(b"=", 1) for kv in (entry / "environ").read_bytes().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        if env.get(b"SLURM_JOB_ID") == str(slurm_job).encode() and C.ENV_NODE.encode() in env:
-            out.setdefault(env[C.ENV_NODE.encode()].decode(), []).append(int(entry.name))
+        if env.get(b"SLURM_JOB_ID") == str(slurm_job).encode() and ENV_NODE.encode() in env:
+            out.setdefault(env[ENV_NODE.encode()].decode(), []).append(int(entry.name))
     return out
 
 

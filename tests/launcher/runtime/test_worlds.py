@@ -1,4 +1,4 @@
-"""Process-group worlds kept across migrations (Control.join_world keep=True), with real processes and
+"""Process-group worlds kept across migrations (Worlds.join keep=True), with real processes and
 real gloo groups: a world is kept only when its members are the same and every member asks to keep it."""
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ def _members(rank: int, port: int, queue) -> None:
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _get_default_group
 
+    from launcher.runtime.worlds import Worlds
     from launcher.wire.control import Control
 
-    ctl = Control("127.0.0.1", port, server=rank == 0)
+    worlds = Worlds(Control("127.0.0.1", port, server=rank == 0))
     out = {}
 
     def summed() -> float:
@@ -24,20 +25,20 @@ def _members(rank: int, port: int, queue) -> None:
         dist.all_reduce(t)
         return float(t)
 
-    ctl.join_world("a", [0, 1], rank, 30, abort_key="abort/a")
+    worlds.join("a", [0, 1], rank, 30, abort_key="abort/a")
     first = _get_default_group()
     # same members in another order, both ask: kept; ranks in the group stay those of world a
-    out["b_rank"] = ctl.join_world("b", [1, 0], rank, 30, abort_key="abort/b", keep=True)
+    out["b_rank"] = worlds.join("b", [1, 0], rank, 30, abort_key="abort/b", keep=True)
     out["b_kept"] = _get_default_group() is first
-    out["b_world_ranks"] = ctl.world_ranks([1, 0])
+    out["b_world_ranks"] = worlds.ranks([1, 0])
     out["b_sum"] = summed()
     # only one member asks: a new group for both (neither waits for the other in the old one)
-    ctl.join_world("c", [0, 1], rank, 30, abort_key="abort/c", keep=rank == 0)
+    worlds.join("c", [0, 1], rank, 30, abort_key="abort/c", keep=rank == 0)
     third = _get_default_group()
     out["c_kept"] = third is first
     out["c_sum"] = summed()
     # without a meeting on the store (no abort key) nothing can be agreed: never kept
-    ctl.join_world("d", [0, 1], rank, 30, keep=True)
+    worlds.join("d", [0, 1], rank, 30, keep=True)
     out["d_kept"] = _get_default_group() is third
     out["d_sum"] = summed()
     dist.barrier()
@@ -62,22 +63,23 @@ def _retired(rank: int, port: int, queue) -> None:
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _get_default_group
 
+    from launcher.runtime.worlds import Worlds
     from launcher.wire.control import Control
 
-    ctl = Control("127.0.0.1", port, server=rank == 0)
+    worlds = Worlds(Control("127.0.0.1", port, server=rank == 0))
     out = {}
-    ctl.join_world("a", [0, 1], rank, 30, abort_key="abort/a")
+    worlds.join("a", [0, 1], rank, 30, abort_key="abort/a")
     first = _get_default_group()
     sub = dist.new_group([0, 1])  # a mesh's subgroup of world a
-    ctl.join_world("b", [1, 0], rank, 30, abort_key="abort/b")  # another world, not kept
+    worlds.join("b", [1, 0], rank, 30, abort_key="abort/b")  # another world, not kept
     # world a's groups left the registry but were not torn down inside the migration: still held
-    out["held"] = [g is first or g is sub for g in ctl.retired].count(True)
+    out["held"] = [g is first or g is sub for g in worlds.retired].count(True)
     out["default_is_new"] = _get_default_group() is not first
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
     out["sum"] = float(t)
-    ctl.drop_retired()  # once the new world trains: torn down in the background
-    out["after_drop"] = len(ctl.retired)
+    worlds.drop_retired()  # once the new world trains: torn down in the background
+    out["after_drop"] = len(worlds.retired)
     for th in threading.enumerate():
         if th.name == "retire-worlds":
             th.join(30)
@@ -99,6 +101,7 @@ def test_a_world_left_is_torn_down_only_after_the_new_one_runs() -> None:
 _ENDS_AFTER_A_MIGRATION = """
 import sys, time
 import torch, torch.distributed as dist
+from launcher.runtime.worlds import Worlds
 from launcher.wire.control import Control
 
 class SlowTeardown:
@@ -107,15 +110,15 @@ class SlowTeardown:
         with open(sys.argv[1], "w") as f:
             f.write("torn down")
 
-ctl = Control("127.0.0.1", 0, server=True)
-ctl.join_world("a", [0], 0, 30, abort_key="abort/a")
+worlds = Worlds(Control("127.0.0.1", 0, server=True))
+worlds.join("a", [0], 0, 30, abort_key="abort/a")
 dist.new_group([0])
-ctl.join_world("b", [0], 0, 30, abort_key="abort/b")
-ctl.retired.append(SlowTeardown())
+worlds.join("b", [0], 0, 30, abort_key="abort/b")
+worlds.retired.append(SlowTeardown())
 t = torch.ones(4)
 dist.all_reduce(t)
-ctl.drop_retired()
-ctl.join_world("c", [0], 0, 30, abort_key="abort/c")  # retired, never dropped: torn down before the end
+worlds.drop_retired()
+worlds.join("c", [0], 0, 30, abort_key="abort/c")  # retired, never dropped: torn down before the end
 dist.destroy_process_group()
 sys.exit(3)
 """

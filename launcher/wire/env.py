@@ -1,0 +1,16 @@
+"""The environment elastic-launch gives every worker it starts: the names are the contract between the
+launcher's backends (which set them) and the worker side (launcher.runtime.env reads them). No torch import
+here, so the launcher's command line and a worker's first checks stay fast."""
+from __future__ import annotations
+
+ENV_STORE = "ELASTIC_STORE"  # host:port of the control plane
+ENV_DEVICE = "ELASTIC_DEVICE"  # this worker's device id (local backend)
+ENV_NODE_INDEX = "ELASTIC_NODE_INDEX"  # index of this worker's node in the job topology (Slurm steps)
+ENV_FIRST_DEVICE = "ELASTIC_FIRST_DEVICE"  # device id of the node's GPU 0 (Slurm steps; nodes may differ in size)
+ENV_GPUS_PER_NODE = "ELASTIC_GPUS_PER_NODE"
+ENV_LOCAL_ID = "ELASTIC_LOCAL_ID"  # local task index; Slurm steps use SLURM_LOCALID
+ENV_RANK_BASE = "ELASTIC_RANK_BASE"  # RANK of the node's first worker, restart mode (nodes may run different numbers)
+ENV_FIRST_EVENT = "ELASTIC_FIRST_EVENT"  # first event this worker handles
+ENV_NODE = "ELASTIC_NODE"
+ENV_CKPT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where the job's checkpoints live (suspend and safety)
+ENV_CKPT_EVERY = "ELASTIC_CHECKPOINT_EVERY"  # safety checkpoint every N steps (0: never)
