@@ -12,6 +12,7 @@ runs its own step; at every step boundary it hands control to the runtime:
         model=lambda layout: MyModel(),                  # built with the same seed on every rank
         tp_plan={"up": ColwiseParallel(), "down": RowwiseParallel()},  # parallelize_module's plan
         optimizer=lambda params: torch.optim.Adam(params, lr=1e-2),
+        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.99 ** s),  # job.scheduler
         state={"data": loader},                          # anything with state_dict/load_state_dict
     )
     while job.next_step(until=100):                      # the step boundary: migrations happen here
@@ -20,6 +21,7 @@ runs its own step; at every step boundary it hands control to the runtime:
             job.optimizer.zero_grad(); loss.backward()
             job.reduce_gradients()                       # DP all-reduce (mean)
             job.optimizer.step()                         # applied by every rank or by none
+            job.scheduler.step()
             if job.layout.rank == 0:
                 job.report_loss(loss)                    # the job's loss timeline (elastic history, dashboard)
 
@@ -27,8 +29,16 @@ runs its own step; at every step boundary it hands control to the runtime:
 their ranks, `rank`, `world_size`, `mesh` (a (pp, dp, tp) DeviceMesh), `tp_mesh`, `dp_group`,
 `pp_group`, `prev_rank`/`next_rank` (the neighbouring stages), `is_first_stage`/`is_last_stage`.
 The state that moves is the torch-native one: the model's `state_dict` (DTensor placements
-Shard(d)/Replicate from `tp_plan`), the optimizer's per-parameter state, and every object in
-`state` (its `state_dict()`, e.g. a data position, an LR scheduler, an RNG). The manifest of a
+Shard(d)/Replicate from `tp_plan`), the optimizer's per-parameter state and its settings (each
+parameter group's lr, betas, weight_decay, any key), the declared `scheduler`'s state, and every
+object in `state` (its `state_dict()`, e.g. a data position, an RNG). `job.optimizer` is one object
+from `join` on: each layout's parameters and state are put into it, so a scheduler or a wrapper made
+on it keeps working across migrations. Declare the LR scheduler to `join` (`scheduler=`, any
+torch.optim.lr_scheduler, chained or sequential too) rather than making it on `job.optimizer` yourself:
+a worker that joins later gets the declared one's state handed over, a scheduler of its own would
+start from the beginning. `job.model` is each layout's own module (None until this worker trains).
+Checkpoints hold the model, the optimizer's state and `state`'s objects; the settings and the
+scheduler are not in them yet, so a restore from one starts the schedule again. The manifest of a
 layout no process holds yet comes from building the model on the meta device
 (migrate.manifest.stage_manifests, one per (pp, tp) rank), so only what changes owner moves.
 

@@ -54,6 +54,13 @@ class Builder:
                     to_local(v).zero_()
         return module, opt
 
+    def placeholder_optimizer(self):
+        """The factory's optimizer over one placeholder parameter: the object the script holds from
+        `join` on (its settings, a scheduler made on it), rebound to each layout's parameters (rebind)."""
+        import torch
+
+        return self.build_opt([torch.nn.Parameter(torch.zeros(1))])
+
     def class_manifests(self, layout: str) -> list:
         """The manifest of each class (pp rank * tp + tp rank) of `layout`: the stages built on the meta
         device, or the script's `manifest` producer (DP replicas hold their class's); no process needs
@@ -65,7 +72,7 @@ class Builder:
         if self._produce is not None:
             return layout_manifests(cfg, lambda r: self._produce(parse_layout(layout, r, cfg.world_size)))
         return stage_manifests(cfg, lambda r: self.build_model(parse_layout(layout, r, cfg.world_size)),
-                               self.tp_plan, optimizer_kind(self.build_opt))
+                               self.tp_plan, optimizer_kind(self.placeholder_optimizer()))
 
     def manifests(self, layout: str) -> list:
         """Per-rank manifests of `layout` (no process needs to hold it)."""

@@ -19,7 +19,7 @@ from launcher.runtime.env import checkpoints_from_env, device_from_env, first_ev
 from launcher.runtime.layout import Layout, device_mesh, parse_layout
 from launcher.runtime.migration import Migration
 from launcher.runtime.sockets import cut_collective_sockets
-from launcher.runtime.state import export_local, state_views, to_local
+from launcher.runtime.state import OptimizerSettings, export_local, rebind, state_views, to_local, unbind
 from launcher.runtime.threads import GlooThreads, nice_from_env
 from launcher.runtime.worlds import Worlds, forget_old_meshes
 from launcher.wire.control import Control, WorldAborted
@@ -37,7 +37,8 @@ class Job:
 
     def __init__(self, ctl: Control, device: int, model: Callable, tp_plan: Mapping | None,
                  optimizer: Callable, state: Mapping[str, object], manifest: Callable | None = None,
-                 collective_timeout: float = 120.0, local: tuple[int, int] = (0, 1)) -> None:
+                 collective_timeout: float = 120.0, local: tuple[int, int] = (0, 1),
+                 scheduler: Callable | None = None) -> None:
         self.ctl, self.device = ctl, device
         self.timeout = collective_timeout  # seconds a collective may wait for a peer
         self._local = local  # (local rank, workers per node): torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE
@@ -45,7 +46,11 @@ class Job:
         self.tp_plan = self.builder.tp_plan
         self.worlds = Worlds(ctl)
         self.extras = dict(state)
-        self.model = self.optimizer = None
+        self.model = None
+        # the one optimizer object of this worker: rebound to every layout's parameters (state.rebind)
+        self.optimizer = self.builder.placeholder_optimizer()
+        self.scheduler = scheduler(self.optimizer) if scheduler is not None else None
+        self._carry(OptimizerSettings(self.optimizer), self.scheduler)
         self.layout: Layout | None = None
         self.step = 0
         self.epoch = first_event_from_env()
@@ -65,6 +70,17 @@ class Job:
         self.migration = Migration(self)  # this worker's part in reshard events
         self.fault = runtime_faults.fault_for(device)  # $ELASTIC_FAULT (tests)
         self.safety = runtime_ckpt.Safety(self.ckpt_dir, self.log, self.fault)  # background safety checkpoints
+        runtime_faults.install_commit(self.optimizer, self._vote)
+
+    def _carry(self, settings: OptimizerSettings, scheduler) -> None:
+        """The objects a migration hands over and a step that failed takes back: the script's, the optimizer's
+        settings and the scheduler. Checkpoints hold the script's alone (`extras`), as before: a restore
+        reads checkpoints written without the others."""
+        own = {"runtime.optimizer": settings, "runtime.scheduler": scheduler}
+        taken = sorted(set(own) & set(self.extras))
+        if taken:
+            raise ValueError(f"{JOIN_CALL}: the state names {taken} are the runtime's")
+        self.carried = {**self.extras, **{k: v for k, v in own.items() if v is not None}}
 
     def log(self, msg: str) -> None:
         print(f"[runtime dev{self.device} ev{self.epoch}] {msg}", file=sys.stderr, flush=True)
@@ -170,7 +186,7 @@ class Job:
         cut_collective_sockets(self.ctl.port)
         if self.step != self._committed:  # the update was not applied: back to the boundary before it
             self.step = self._committed
-            for k, obj in self.extras.items():
+            for k, obj in self.carried.items():
                 obj.load_state_dict(self._snap[k])
 
     def _my_manifest(self):
@@ -182,7 +198,7 @@ class Job:
                                  self.layout.dp_tp_mesh, self.extras, self.step, self.layout.rank)
 
     def _extras_state(self) -> dict:
-        return {k: copy.deepcopy(v.state_dict()) for k, v in self.extras.items()}
+        return {k: copy.deepcopy(v.state_dict()) for k, v in self.carried.items()}
 
     # -- events -----------------------------------------------------------------------------------
     def _handle(self, ev: dict) -> bool:
@@ -232,7 +248,7 @@ class Job:
             return True
         held = self._release()
         self.step = held["step"]
-        for k, obj in self.extras.items():
+        for k, obj in self.carried.items():
             obj.load_state_dict(held["extras"][k])
         self._enter(ev["layout"], ev["devices"], f"w{ev['epoch']}", held["local"])
         self.log(f"resumed as rank {self.layout.rank} of {self.layout.name} at step {self.step}")
@@ -269,7 +285,7 @@ class Job:
             rank = self.worlds.join(world, devices, self.device, self.timeout, abort_key=self.ctl.abort_key(world),
                                     keep=keep)
         except WorldAborted:
-            self.model = self.optimizer = None
+            self._drop_built()
             self._kept = None if local is None else {"local": local, "step": self.step,
                                                      "extras": self._extras_state()}
             raise
@@ -282,9 +298,9 @@ class Job:
                            "LOCAL_WORLD_SIZE": str(self._local[1]), "MASTER_ADDR": self.ctl.host,
                            "MASTER_PORT": str(self.ctl.port), "ELASTIC_VIRTUAL_RANK": str(rank),
                            "ELASTIC_LAYOUT": lay.name})
-        self.model, self.optimizer = self.builder.build(lay, local)
+        self.model, fresh = self.builder.build(lay, local)
+        rebind(self.optimizer, fresh)
         self.layout, self.devices, self.world = lay, list(devices), world
-        runtime_faults.install_commit(self.optimizer, self._vote)
         self.broken, self._kept, self._committed, self._saved = False, None, self.step, self.step
         self._entered_at = self.step
         return groups_s
@@ -296,9 +312,14 @@ class Job:
                     "extras": self._extras_state()}
         else:
             held = self._kept
-        self.model = self.optimizer = None
+        self._drop_built()
         self._kept = None
         return held
+
+    def _drop_built(self) -> None:
+        """No model on this worker now; its optimizer object stays, holding its settings only."""
+        self.model = None
+        unbind(self.optimizer)
 
     def _leave(self) -> None:
         import torch.distributed as dist
@@ -319,14 +340,21 @@ def _default_threads() -> None:
 
 # -- joining --------------------------------------------------------------------------------------
 def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None,
-         state: Mapping[str, object] | None = None, manifest: Callable | None = None,
-         model_info: Mapping | None = None, collective_timeout: float = 120.0) -> Job:
+         state: Mapping[str, object] | None = None, scheduler: Callable | None = None,
+         manifest: Callable | None = None, model_info: Mapping | None = None,
+         collective_timeout: float = 120.0) -> Job:
     """Join the elastic job as one live-mode worker; returns the Job whose `next_step()` drives training.
 
     model(layout) -> nn.Module: the whole model, created identically on every rank (seed it); with
     layout.pp > 1 only the stage `layout.pp_rank` of it, under the whole model's names (see above);
     tp_plan: parallelize_module's plan, applied by the runtime when the layout has tp > 1;
-    optimizer(params) -> torch.optim.Optimizer; state: extra objects with state_dict/load_state_dict;
+    optimizer(params) -> torch.optim.Optimizer: `job.optimizer` is one object from `join` on (its parameters
+    and state are each layout's, its settings -- lr, betas, weight_decay, any key -- carry over), so what
+    is made on it keeps working; state: extra objects with state_dict/load_state_dict;
+    scheduler(optimizer) -> an LR scheduler (any torch.optim.lr_scheduler, chained or sequential too):
+    made on `job.optimizer` as `job.scheduler`, its state moved with the optimizer's settings by every
+    migration (a scheduler made outside it would not be: a worker that joins later would start it from
+    the beginning); checkpoints do not hold either yet, so a restore starts them again;
     manifest(layout) -> migrate.manifest.Manifest: for a model that shards itself (its parameters are plain
     tensors holding its TP shard, Megatron-style, e.g. migrate.gpt_live), what the rank `layout.rank` of a
     layout holds (called for layouts no process holds yet too); without it the runtime derives it from
@@ -350,7 +378,8 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
         raise SystemExit(2) from None
     ctl = Control.from_env()
     ctl.hello(device)
-    job = Job(ctl, device, model, tp_plan, optimizer, state or {}, manifest, collective_timeout, (local_id, gpn))
+    job = Job(ctl, device, model, tp_plan, optimizer, state or {}, manifest, collective_timeout, (local_id, gpn),
+              scheduler)
     # the launcher places ranks with the ETC planner over these, for every layout shape it may choose
     shapes = ctl.shapes() or ["pp1tp1"]
     spec = {"kind": "generic", "tp_plan": sorted(job.tp_plan), "info": dict(model_info or {}),

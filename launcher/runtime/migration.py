@@ -30,7 +30,7 @@ class Worker(Protocol):
     optimizer: object
     broken: bool
     step: int
-    extras: dict
+    carried: dict
     migrations: int
     _kept: dict | None
     _collector: CollectorHold
@@ -237,7 +237,7 @@ class Migration:
         t3 = time.perf_counter()
         objects, job.step = ctl.handed_over(e, same.get(new_rank, alive[0]))
         extras = loads(objects)
-        for k, obj in job.extras.items():
+        for k, obj in job.carried.items():
             obj.load_state_dict(extras[k])
         phases["other"] += time.perf_counter() - t3
         report = {"ok": True, "step": job.step, "bytes_moved": moved, **verified}

@@ -106,11 +106,11 @@ def load_local(model, opt, local: Mapping) -> None:
                     to_local(v).copy_(local[f"optim.state.{names[id(p)]}.{key}"])
 
 
-def optimizer_kind(build_opt) -> str:
-    import torch
-
-    name = type(build_opt([torch.nn.Parameter(torch.zeros(1))])).__name__.lower()
+def optimizer_kind(opt) -> str:
+    """The name migrate.manifest knows `opt`'s per-parameter state by."""
     from migrate.manifest import OPTIMIZER_STATE
+
+    name = type(opt).__name__.lower()
 
     if name not in OPTIMIZER_STATE:
         raise RuntimeError(f"optimizer {name}: live mode knows the state of {', '.join(OPTIMIZER_STATE)}")
@@ -131,3 +131,47 @@ def loads(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
+
+
+# -- the script's optimizer object across layouts ----------------------------------------------------
+def rebind(opt, fresh) -> None:
+    """Make `opt` (the optimizer object the script and its scheduler hold) train `fresh`'s parameters
+    with `fresh`'s state, keeping its own settings (lr, betas, weight_decay, any key a scheduler or the
+    script changed): `fresh` was made by the factory for this layout, so only its parameters, its state
+    and keys `opt` lacks are taken. The group dicts stay `opt`'s own, as a scheduler may hold them."""
+    if len(opt.param_groups) != len(fresh.param_groups):
+        raise RuntimeError(f"the optimizer factory made {len(fresh.param_groups)} parameter groups for this layout "
+                           f"and {len(opt.param_groups)} before: live mode needs the same groups on every layout")
+    for group, new in zip(opt.param_groups, fresh.param_groups):
+        for key, value in new.items():
+            if key != "params":
+                group.setdefault(key, value)
+        group["params"] = new["params"]
+    opt.state = fresh.state
+
+
+def unbind(opt) -> None:
+    """Let `opt` hold no parameter and no state (its settings stay): the layout it trained is left."""
+    from collections import defaultdict
+
+    for group in opt.param_groups:
+        group["params"] = []
+    opt.state = defaultdict(dict)
+
+
+class OptimizerSettings:
+    """The optimizer's per-group settings as a registered object: they move with the state (a migration,
+    a checkpoint, a step taken back) so that a schedule goes on from where it was, on every layout."""
+
+    def __init__(self, opt) -> None:
+        self.opt = opt
+
+    def state_dict(self) -> list[dict]:
+        return [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+
+    def load_state_dict(self, groups: list[dict]) -> None:
+        if len(groups) != len(self.opt.param_groups):
+            raise RuntimeError(f"{len(groups)} optimizer parameter groups received, this optimizer has "
+                               f"{len(self.opt.param_groups)}")
+        for group, saved in zip(self.opt.param_groups, groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})

@@ -323,7 +323,8 @@ class Control:
 
     def handed_over(self, epoch: int, old_rank: int) -> tuple[bytes, int]:
         """(objects, finished steps) old rank `old_rank` handed over in migration `epoch`."""
-        return self.store.get(f"ev/{epoch}/extra/{old_rank}"), int(self.store.get(f"ev/{epoch}/step/{old_rank}").decode())
+        objects, step = self.store.get(f"ev/{epoch}/extra/{old_rank}"), self.store.get(f"ev/{epoch}/step/{old_rank}")
+        return objects, int(step.decode())
 
     # -- process-group worlds: the meeting on the store and the groups' own store (launcher.runtime.worlds)
     def meet(self, name: str, n: int, abort_key: str) -> bool:
