@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from launcher.backends import AcquireFailed, CannotAcquire, NodeBackend
 from launcher.loop import live_plan, recovery, requests
@@ -130,7 +131,8 @@ class Launcher:
         """Restart mode (torchrun's contract): the job is registered at once, every worker started as one world."""
         self._create_job(f"pp1tp1dp{self.holdings.devices_on(nodes)}", nodes, self.opts.max_nodes * self.gpn,
                          mode="restart")
-        self.mode = RestartMode(self.opts, self.ctl, self.holdings, self.workers, self.recorder, self.request.env)
+        self.mode = RestartMode(self.opts, self.ctl, self.holdings, self.workers, self.recorder, self.request.env,
+                                Path(self.ckpt_dir) / "torchelastic-errors")
         self.deciding = deciding
         self.mode.start_world(nodes)
         self.recorder.rank_map(0, str(self.current.layout), self.holdings.entries(self.current), update_job=False)

@@ -13,19 +13,23 @@ the script's rendezvous, and RestartMode, which carries each restart out and rec
 """
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import time
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 
-from launcher.wire.env import ENV_RANK_BASE
+from launcher.loop.rank_errors import first_failure
+from launcher.wire.env import ENV_ERROR_DIR, ENV_RANK_BASE
 from launcher.loop.outcome import MigrationFailed, Outcome
 from migrate.layout import ParallelConfig
 from migrate.topology import RankMap
 
 
 def torchrun_env(*, master_addr: str, master_port: int, node_rank: int, node_sizes: Sequence[int],
-                 restart_count: int, run_id: str) -> dict[str, str]:
+                 restart_count: int, run_id: str, max_restarts: int, error_dir: str) -> dict[str, str]:
     """The node-level torchrun variables of node `node_rank` of a world whose nodes run `node_sizes`
     workers each (uneven nodes differ); launcher.runtime.torchrun_exec adds the per-process RANK and LOCAL_RANK
     from ELASTIC_RANK_BASE, the rank of the node's first worker (GROUP_RANK x LOCAL_WORLD_SIZE only when
@@ -36,7 +40,9 @@ def torchrun_env(*, master_addr: str, master_port: int, node_rank: int, node_siz
             "WORLD_SIZE": str(world), ENV_RANK_BASE: str(sum(node_sizes[:node_rank])),
             "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(world), "TORCHELASTIC_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "TORCHELASTIC_MAX_RESTARTS": "-1", "OMP_NUM_THREADS": "1"}
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts), "OMP_NUM_THREADS": "1",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            ENV_ERROR_DIR: error_dir}
 
 
 def worker_command(command) -> list[str]:
@@ -81,9 +87,10 @@ class RestartMode:
     script's own checkpoint load and first step come on top).
     """
 
-    def __init__(self, opts, ctl, holdings, workers, recorder, env_for) -> None:
+    def __init__(self, opts, ctl, holdings, workers, recorder, env_for, error_root: Path) -> None:
         self.opts, self.ctl, self.holdings, self.workers, self.recorder = opts, ctl, holdings, workers, recorder
         self.env_for = env_for  # the start request's environment (launcher.loop.start_request)
+        self.error_root = Path(error_root)  # world-<restart count>/rank-<R>/error.json (launcher.loop.rank_errors)
         self.log = recorder.log
         self.rdzv = ScriptRendezvous(ctl.host)
         self.current: RankMap | None = None
@@ -101,11 +108,13 @@ class RestartMode:
         nodes = self.holdings.in_order(nodes)
         sizes = [len(self.holdings.node_devices(n)) for n in nodes]
         port = self.rdzv.new_world(sum(sizes))
+        shutil.rmtree(self.error_dir(), ignore_errors=True)  # an earlier run's files of the same world number
         for pos, n in enumerate(nodes):
             env = {**self.env_for(0),
                    **torchrun_env(master_addr=self.opts.master_addr, master_port=port, node_rank=pos,
                                   node_sizes=sizes, restart_count=self.count,
-                                  run_id=f"{self.opts.job_name}-{self.recorder.job_id}")}
+                                  run_id=f"{self.opts.job_name}-{self.recorder.job_id}",
+                                  max_restarts=self.opts.max_restarts, error_dir=str(self.error_dir()))}
             self.ctl.forget_workers(self.holdings.node_devices(n))  # an earlier world's processes said hello and ready
             self.log(f"starting workers on {n} (restart {self.count}, group rank {pos})")
             self.workers.start(n, env, worker_command(self.opts.command))
@@ -177,18 +186,36 @@ class RestartMode:
         self.log(out.message + f" (stop {out.phases['stop']:.2f}s, start {out.phases['start']:.2f}s)")
         return rec.keep(out)
 
+    def error_dir(self) -> Path:
+        """Where the running world's ranks write their error files (TORCHELASTIC_ERROR_FILE)."""
+        return self.error_root / f"world-{self.count}"
+
+    def first_failure(self) -> str | None:
+        """The running world's first failure as torchrun names it (rank, node, exception), logged with its
+        traceback; None when no rank wrote one (a program without @record, a signal)."""
+        found = first_failure(self.error_dir())
+        if found is None or found.rank >= len(self.current.devices):
+            return None
+        line = found.line(self.holdings.node_of(self.current.devices[found.rank]))
+        self.log(line + ("\n" + found.traceback.rstrip() if found.traceback else ""))
+        return line
+
     def on_failure(self, dead: dict[int, int]) -> Outcome:
         """A worker failed: restart the whole world on the same nodes (torchrun's --max-restarts). A worker
         of the new world that fails before it formed (a script that crashes on every start) is a failure
-        too: it counts, and the world is restarted again until --max-restarts is used up."""
+        too: it counts, and the world is restarted again until --max-restarts is used up. The first
+        failure a rank recorded (@record) goes into the restart's history notes and the job's end."""
         while True:
             self.failures += 1
             self.log(f"workers {sorted(dead)} failed (exit codes {sorted(set(dead.values()))}); "
                      f"{self.workers.log_hint(dead)}")
+            cause = self.first_failure()
             if self.failures > self.opts.max_restarts:
-                return self.recorder.keep(Outcome("failure", False, f"workers {sorted(dead)} failed and "
-                                                  f"--max-restarts {self.opts.max_restarts} is used up"))
+                why = f"workers {sorted(dead)} failed and --max-restarts {self.opts.max_restarts} is used up"
+                return self.recorder.keep(Outcome("failure", False, why + (f"; {cause}" if cause else "")))
             out = self.migrate_to(self.workers.active, "failure")
+            if cause and out.migration_id is not None:
+                self.recorder.notes(out.migration_id, [cause])
             dead = {d: rc for d, rc in self.workers.dead(all_codes=True).items() if rc != 0}
             if out.ok or not dead:
                 return out

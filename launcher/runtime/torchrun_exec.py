@@ -6,6 +6,8 @@ a node with the same environment, so the per-process ones are derived here from 
 index ($ELASTIC_LOCAL_ID, else $SLURM_LOCALID):
 
     LOCAL_RANK = local index        RANK = ROLE_RANK = $ELASTIC_RANK_BASE + LOCAL_RANK
+    TORCHELASTIC_ERROR_FILE = $ELASTIC_ERROR_DIR/rank-<RANK>/error.json
+
 
 ($ELASTIC_RANK_BASE: the rank of the node's first worker, which nodes of different sizes need; without
 it GROUP_RANK * LOCAL_WORLD_SIZE, nodes alike), then the process is replaced by PROGRAM (same pid, so
@@ -19,7 +21,7 @@ import shutil
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 
-from launcher.wire.env import ENV_LOCAL_ID, ENV_RANK_BASE
+from launcher.wire.env import ENV_ERROR_DIR, ENV_LOCAL_ID, ENV_RANK_BASE
 
 
 def rank_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -29,7 +31,10 @@ def rank_env(env: Mapping[str, str]) -> dict[str, str]:
         return {"LOCAL_RANK": str(local)}
     base = env.get(ENV_RANK_BASE)
     rank = (int(base) if base is not None else int(env["GROUP_RANK"]) * int(env.get("LOCAL_WORLD_SIZE", "1"))) + local
-    return {"LOCAL_RANK": str(local), "RANK": str(rank), "ROLE_RANK": str(rank)}
+    out = {"LOCAL_RANK": str(local), "RANK": str(rank), "ROLE_RANK": str(rank)}
+    if env.get(ENV_ERROR_DIR):  # torch.distributed.elastic's @record writes a failing rank's traceback there
+        out["TORCHELASTIC_ERROR_FILE"] = os.path.join(env[ENV_ERROR_DIR], f"rank-{rank}", "error.json")
+    return out
 
 
 def program(argv: Sequence[str]) -> list[str]:
@@ -71,6 +76,8 @@ def main(argv: Sequence[str] | None = None, env: MutableMapping[str, str] = os.e
         print("launcher.runtime.torchrun_exec: give the program to run after --", file=sys.stderr)
         return 2
     env.update(rank_env(env))
+    if env.get("TORCHELASTIC_ERROR_FILE"):
+        os.makedirs(os.path.dirname(env["TORCHELASTIC_ERROR_FILE"]), exist_ok=True)
     cmd = program(args)
     if shutil.which(cmd[0]) is None:
         print(f"elastic-launch worker: program not found: {cmd[0]}", file=sys.stderr)

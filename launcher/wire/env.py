@@ -14,3 +14,4 @@ ENV_FIRST_EVENT = "ELASTIC_FIRST_EVENT"  # first event this worker handles
 ENV_NODE = "ELASTIC_NODE"
 ENV_CKPT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where the job's checkpoints live (suspend and safety)
 ENV_CKPT_EVERY = "ELASTIC_CHECKPOINT_EVERY"  # safety checkpoint every N steps (0: never)
+ENV_ERROR_DIR = "ELASTIC_ERROR_DIR"  # restart mode: the world's folder of per-rank error files (TORCHELASTIC_ERROR_FILE)
