@@ -135,7 +135,8 @@ class Launcher:
                                 Path(self.ckpt_dir) / "torchelastic-errors")
         self.deciding = deciding
         self.mode.start_world(nodes)
-        self.recorder.rank_map(0, str(self.current.layout), self.holdings.entries(self.current), update_job=False)
+        if not deciding:  # auto mode: recorded once it trains as a restart-mode world (RestartMode.record_world)
+            self.mode.record_world()
         self.log(f"job {self.job_id}: restart mode, {self.current.layout} on {','.join(nodes)}")
 
     def went_live(self) -> bool:

@@ -97,6 +97,7 @@ class RestartMode:
         self.count = 0  # TORCHELASTIC_RESTART_COUNT of the running world
         self.killed: list[str] = []  # nodes whose workers the last stop_world had to SIGKILL
         self.failures = 0
+        self.recorded = False  # the running world's rank map is in the database
 
     # -- one world ------------------------------------------------------------------------------
     def layout(self, nodes: list[str]) -> RankMap:
@@ -119,6 +120,15 @@ class RestartMode:
             self.log(f"starting workers on {n} (restart {self.count}, group rank {pos})")
             self.workers.start(n, env, worker_command(self.opts.command))
         self.current = self.layout(nodes)
+
+    def record_world(self) -> None:
+        """The first world's rank map, once: at the start, or in auto mode once the world shows it trains as a
+        restart-mode one (its rendezvous formed, a worker ended, a restart) -- a program that joins through
+        launcher.runtime instead never trained on it, and its rank maps start with its first live layout."""
+        if not self.recorded:
+            self.recorded = True
+            self.recorder.rank_map(self.count, str(self.current.layout), self.holdings.entries(self.current),
+                                   update_job=False)
 
     def wait_formed(self, timeout: float) -> None:
         """Until the new world's rendezvous formed; MigrationFailed when a worker exits first or time runs out."""
@@ -156,6 +166,7 @@ class RestartMode:
     def migrate_to(self, target: list[str], trigger: str, failed=(), ready_timeout=None, note: str = "") -> Outcome:
         """Stop the world, give back the nodes not in `target`, start the new world on `target`."""
         rec = self.recorder
+        self.record_world()
         target, before = self.holdings.in_order(target), self.workers.active
         new = self.layout(target)
         out = Outcome(trigger, False, "", from_layout=str(self.current.layout), to_layout=str(new.layout),
@@ -223,6 +234,8 @@ class RestartMode:
     def poll(self) -> bool:
         """The world's own checks of one poll; False once the job is over."""
         exited = self.workers.dead(all_codes=True)
+        if exited or self.rdzv.formed():
+            self.record_world()
         if any(rc != 0 for rc in exited.values()):
             out = self.on_failure({d: rc for d, rc in exited.items() if rc != 0})
             if not out.ok:
