@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.engine.url import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
@@ -43,6 +43,15 @@ def _sqlite_readonly_pragmas(dbapi_conn: Any, _record: Any) -> None:
         cur.execute("PRAGMA query_only=ON")
     finally:
         cur.close()
+
+
+def sqlite_write_lock(conn: Connection) -> None:
+    """On SQLite, start the transaction with BEGIN IMMEDIATE: it waits (busy_timeout) for the one
+    write lock and holds it, so the reads that follow see the latest state and no other writer
+    interleaves (pysqlite would begin only at the first INSERT/UPDATE, and not at all for DDL).
+    Must be the transaction's first statement. PostgreSQL: nothing (callers lock rows instead)."""
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def refuse_network_fs(path: str, shown: str) -> None:

@@ -146,6 +146,8 @@ class AdminRequestRow(Base):
     message: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime]
     completed_at: Mapped[Optional[datetime]]
+    taken_at: Mapped[Optional[datetime]]  # v10: a launcher took it (SKIP LOCKED); answered later
+    taken_by: Mapped[Optional[str]] = mapped_column(String(200))  # v10: host:pid of that launcher
 
 
 class AuditRowORM(Base):

@@ -576,7 +576,7 @@ class Launcher:
                 self.suspend("signal")
                 return False
         self.record_loss()
-        for req in self.db.pending_requests(self.job_id):
+        for req in self.db.take_requests(self.job_id):  # claimed one at a time (SKIP LOCKED)
             self.handle_request(req)
             if self.stopped:
                 return False

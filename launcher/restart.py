@@ -243,7 +243,7 @@ class RestartMode:
             la.signalled = False
             if la.opts.on_signal != "ignore" and len(la.active) > la.opts.min_nodes:
                 la.shrink_to(la.opts.min_nodes, "signal")
-        for req in la.db.pending_requests(la.job_id):
+        for req in la.db.take_requests(la.job_id):  # claimed one at a time (SKIP LOCKED)
             la.handle_request(req)
             if la.stopped:
                 return False
