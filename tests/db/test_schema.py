@@ -265,6 +265,15 @@ def _typed_columns(url: str) -> dict[str, dict[str, str]]:
     return out
 
 
+def _indexes(url: str) -> dict[str, set[tuple[str, tuple[str, ...]]]]:
+    """table -> its indexes as (name, columns)."""
+    engine = create_engine(url)
+    insp = inspect(engine)
+    out = {t: {(i["name"], tuple(i["column_names"])) for i in insp.get_indexes(t)} for t in insp.get_table_names()}
+    engine.dispose()
+    return out
+
+
 def _another_fresh_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'other-fresh.db'}"
@@ -277,7 +286,8 @@ def test_upgrade_from_every_version_keeps_rows_and_matches_a_fresh_schema(
         backend: str, fresh_url: str, version: int, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """A database left at `version` (v1 plus the steps up to it, as the releases of the time wrote it),
     with a job and a request in it, upgrades in place: rows kept, the columns (and on PostgreSQL their
-    types) those of a database created fresh on the same server, and the v10 request columns usable."""
+    types) and the indexes those of a database created fresh on the same server, and the v10 request
+    columns usable."""
     from sqlalchemy import text
 
     from db.schema import MIGRATIONS, _stamp
@@ -312,3 +322,5 @@ def test_upgrade_from_every_version_keeps_rows_and_matches_a_fresh_schema(
     if backend == "sqlite":  # declared types are only hints to SQLite (TIMESTAMP, DATETIME: the same)
         upgraded, created = ({t: set(c) for t, c in cols.items()} for cols in (upgraded, created))
     assert upgraded == created
+    assert ("ix_migrations_started_at", ("started_at", "id")) in _indexes(fresh_url)["migrations"]
+    assert _indexes(fresh_url) == _indexes(fresh)
