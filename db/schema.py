@@ -312,11 +312,11 @@ def upgrade(engine: Engine, url_for_messages: str, *, create: bool = True,
             )
         with engine.begin() as conn:
             _lock_schema(conn)
-            if read_version(conn) is None:
+            found = read_version(conn)  # another opener may have created it meanwhile
+            if found is None:
                 Base.metadata.create_all(conn)
                 _stamp(conn, CURRENT_VERSION)
                 return None, CURRENT_VERSION
-        found = _read(engine)
     if found > CURRENT_VERSION:
         raise DatabaseError(
             f"{url_for_messages} has schema version {found}, newer than this release understands "
@@ -336,8 +336,3 @@ def upgrade(engine: Engine, url_for_messages: str, *, create: bool = True,
             MIGRATIONS[version - 1](conn)
             _stamp(conn, version + 1)
     return found, CURRENT_VERSION
-
-
-def _read(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return read_version(conn) or CURRENT_VERSION

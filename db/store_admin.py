@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from dataclasses import dataclass
 from functools import lru_cache
