@@ -1,9 +1,9 @@
 """Admin actions: POST /jobs/<id>/preempt|shrink|grow|suspend|resume.
 
 An action never changes the job itself: it validates the form (db.requests, the same rules as the
-CLI and the launcher), queues a request with
-Store.add_request (the launcher carries it out), writes an audit row, and tells htmx to
-refresh every panel (HX-Trigger: elastic-refresh).
+CLI and the launcher) and queues a request in one transaction with Store.queue_request (the launcher
+carries it out; two admins clicking at once cannot queue the same request twice), writes an audit
+row, and tells htmx to refresh every panel (HX-Trigger: elastic-refresh).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from flask import Blueprint, Flask, abort, flash, g, make_response, redirect, re
 
 from dashboard.auth import admin_required, audit
 from dashboard.deps import is_htmx, store
-from db.requests import check_request
+from db.errors import NotFoundError
 from db.vocab import REQUEST_ACTIONS
 
 bp = Blueprint("actions", __name__)
@@ -32,12 +32,14 @@ def act(job_id: int, action: str) -> Any:
         audit(action, target, "denied: no such job (404)")
         abort(404, description=f"no job {job_id}")
     fields = {k: request.form[k] for k in ("nodes", "count") if k in request.form}
-    try:
-        params = check_request(store(), job, action, fields)
+    try:  # checked and queued in one transaction under the job's row lock (db.store_requests)
+        rid, params = store().queue_request(job_id, action, fields, g.user.name)
     except ValueError as exc:
         audit(action, target, f"rejected: {exc}")
         abort(400, description=str(exc))
-    rid = store().add_request(job_id, action, params, g.user.name)
+    except NotFoundError:  # deleted between the two reads
+        audit(action, target, "denied: no such job (404)")
+        abort(404, description=f"no job {job_id}")
     audit(action, target, f"request {rid} queued: {params}")
     message = f"Request #{rid} queued: {action} {params or ''} — the launcher will carry it out."
     if not is_htmx():

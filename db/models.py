@@ -101,7 +101,7 @@ class RankEntryRow(Base):
 
 class MigrationRow(Base):
     __tablename__ = "migrations"
-    __table_args__ = (Index("ix_migrations_started_at", "started_at"),)
+    __table_args__ = (Index("ix_migrations_started_at", "started_at", "id"),)  # v10: history's order, id too
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     from_layout: Mapped[str] = mapped_column(String(64))
@@ -146,6 +146,8 @@ class AdminRequestRow(Base):
     message: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime]
     completed_at: Mapped[Optional[datetime]]
+    taken_at: Mapped[Optional[datetime]]  # v10: a launcher took it (SKIP LOCKED); answered later
+    taken_by: Mapped[Optional[str]] = mapped_column(String(200))  # v10: host:pid of that launcher
 
 
 class AuditRowORM(Base):

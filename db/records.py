@@ -114,6 +114,8 @@ class AdminRequest:
     message: str | None
     created_at: datetime
     completed_at: datetime | None
+    taken_at: datetime | None = None  # v10: when a launcher took it (still pending until answered)
+    taken_by: str | None = None  # v10: which launcher (host:pid)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,11 @@ from db.base import Clock, StoreBase, from_db, to_db
 from db.errors import NotFoundError
 from db.models import DeviceRow, JobRow, MigrationPhaseRow, MigrationRow, NodeRow, RankEntryRow, RankMapRow
 from db.placement import NodeInfo
+from db.rows import job_record as _job
 from db.records import Job, Migration, Node, RankEntry, RankMap
 from db.sla import gpu_fraction
 from db.store_admin import AdminMixin, AuditFilters
+from db.store_requests import RequestsMixin
 from db.store_cluster import ClusterMixin
 from db.vocab import (
     JOB_MODES,
@@ -26,6 +28,7 @@ from db.vocab import (
     MIGRATION_KINDS,
     MIGRATION_STATUSES,
     MAX_ID,
+    MAX_NAME,
     MIGRATION_TRIGGERS,
     NODE_STATES,
     PHASES,
@@ -40,17 +43,6 @@ HISTORY_COLUMNS = (
     "finished_at", "duration_s", "pause_s", *(f"{p}_s" for p in PHASES), "bytes_moved", "bytes_checkpoint",
     "bit_exact", "error", "notes",
 )
-
-
-def _job(row: JobRow) -> Job:
-    return Job(
-        id=row.id, name=row.name, slurm_job_id=row.slurm_job_id, state=row.state, layout=row.layout,
-        gpus_per_node=row.gpus_per_node, pinned_node=row.pinned_node, max_devices=row.max_devices,
-        sla_tier=row.sla_tier, created_at=from_db(row.created_at), updated_at=from_db(row.updated_at),
-        checkpoint_path=row.checkpoint_path, checkpoint_step=row.checkpoint_step, min_nodes=row.min_nodes,
-        mode=row.mode or "live",
-        last_step=row.last_step, max_nodes=row.max_nodes,
-    )  # type: ignore[arg-type]
 
 
 def _entry(value: RankEntry | Mapping[str, Any]) -> RankEntry:
@@ -115,7 +107,7 @@ def _history_row(m: Migration) -> dict[str, Any]:
     }
 
 
-class Store(AdminMixin, ClusterMixin, StoreBase):
+class Store(RequestsMixin, AdminMixin, ClusterMixin, StoreBase):
     """The only way to touch the elastic database.
 
     `Store(url)` opens (creating if needed) and upgrades the schema; `Store(url, readonly=True)`
@@ -157,6 +149,9 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         check("job state", state, JOB_STATES)
         check("job mode", mode, JOB_MODES)
         check("SLA tier", sla_tier, SLA_TIERS)
+        for what, text in (("job name", name), *(("node name", n) for n in nodes)):
+            if not 0 < len(text) <= MAX_NAME:  # PostgreSQL enforces VARCHAR(200), SQLite would not
+                raise ValueError(f"a {what} has 1 to {MAX_NAME} characters, not {len(text)}")
         if gpus_per_node <= 0 or max_devices <= 0 or min_nodes <= 0 or (max_nodes is not None and max_nodes <= 0):
             raise ValueError("gpus_per_node, max_devices, min_nodes and max_nodes must be positive")
         now = self.now()
@@ -616,14 +611,15 @@ class Store(AdminMixin, ClusterMixin, StoreBase):
         """One page of the overview and the number of matching jobs, in four queries whatever the page
         size: running jobs first (then suspended, stopped, finished, failed), newest first within a state.
 
-        states: only these (None = all); name: jobs whose name contains this text."""
+        states: only these (None = all); name: jobs whose name contains this text, ignoring case on every
+        backend (SQLite's LIKE always ignored it; PostgreSQL's does not, hence ILIKE there)."""
         for state in states or ():
             check("job state", state, JOB_STATES)
         q = select(JobRow)
         if states is not None:
             q = q.where(JobRow.state.in_(list(states)))
         if name:
-            q = q.where(JobRow.name.contains(name, autoescape=True))
+            q = q.where(JobRow.name.icontains(name, autoescape=True))
         rank = case({st: i for i, st in enumerate(JOB_STATES)}, value=JobRow.state, else_=len(JOB_STATES))
         with self._tx() as s:
             total = int(s.scalar(select(func.count()).select_from(q.subquery())) or 0)

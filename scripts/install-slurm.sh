@@ -30,18 +30,9 @@ fi
 echo "install-slurm.sh: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 # Keep package maintainer scripts from starting system services: the testbed
-# runs its own daemons with its own configs and ports. policy-rc.d exit 101
-# tells invoke-rc.d "not allowed"; remove it again afterwards unless it was ours
-# to begin with.
-policy=/usr/sbin/policy-rc.d
-created_policy=0
-if [[ ! -e $policy ]]; then
-    printf '#!/bin/sh\nexit 101\n' > "$policy"
-    chmod 755 "$policy"
-    created_policy=1
-fi
-cleanup() { if [[ $created_policy -eq 1 ]]; then rm -f "$policy"; fi; }
-trap cleanup EXIT
+# runs its own daemons with its own configs and ports.
+# shellcheck source=apt-no-services.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt-no-services.sh"
 
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \

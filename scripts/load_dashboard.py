@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Load check of `elastic dashboard` (issue 12): a cluster-sized database, a real server, loopback only.
 
-Seeds a fresh SQLite database with --jobs jobs (--running of them running, each with a rank map on
+Seeds a fresh database (SQLite in a temp dir; --postgres: a database on a throwaway PostgreSQL server
+started from Debian's binaries as the tests start it, tests/db/backends.py) with --jobs jobs (--running of them running, each with a rank map on
 two 4-GPU nodes shared with other jobs) and --migrations migrations, starts `elastic dashboard` on
 127.0.0.1 (its default server: waitress), and measures:
 
-  * median latency of GET / and GET /jobs/<id> (a running job), --samples sequential requests each;
+  * median latency of GET /, GET /jobs/<id> (a running job) and GET /history, --samples sequential
+    requests each;
   * --burst concurrent requests (half /, half /history) -> how many were not HTTP 200;
   * server RSS (VmRSS) idle vs. its peak during --bad-logins concurrent wrong-password logins.
 
@@ -40,13 +42,13 @@ HOST = "127.0.0.1"  # loopback only, by construction
 PASSWORD = "load-test-password"
 
 
-def seed(path: Path, jobs: int, running: int, migrations: int) -> int:
+def seed(url: str, jobs: int, running: int, migrations: int) -> int:
     """Jobs and rank maps through the Store; migrations in bulk (10,000 Store calls would take ~40 s).
     Returns the id of a running job to fetch."""
     from db import Store
     from db.records import RankEntry
 
-    store = Store(f"sqlite:///{path}")
+    store = Store(url)
     store.add_user("load", PASSWORD, "admin")
     ids = []
     for i in range(jobs):
@@ -162,12 +164,29 @@ def main() -> int:
     p.add_argument("--burst", type=int, default=200)
     p.add_argument("--bad-logins", type=int, default=50)
     p.add_argument("--threads", type=int, default=8, help="server threads (elastic dashboard --threads)")
+    p.add_argument("--postgres", action="store_true", help="seed and serve a PostgreSQL database instead of SQLite")
     args = p.parse_args()
     if not (0 < args.running <= args.jobs <= 20_000 and args.migrations <= 200_000 and args.burst <= 1000
             and args.bad_logins <= 1000 and args.samples <= 1000):
         p.error("bounds: running <= jobs <= 20000, migrations <= 200000, burst and bad-logins <= 1000")
     tmp = Path(tempfile.mkdtemp(prefix="elastic-load-"))
-    db = tmp / "load.db"
+    pg = None
+    if args.postgres:
+        from tests.db.backends import PgServer, find_bindir
+
+        bindir = find_bindir()
+        if bindir is None:
+            p.error("--postgres: no /usr/lib/postgresql/*/bin/initdb; run scripts/install-postgres.sh")
+        pg = PgServer(bindir).start()
+    try:
+        return measure(args, pg.create_database() if pg else f"sqlite:///{tmp / 'load.db'}")
+    finally:
+        if pg is not None:
+            pg.stop()
+
+
+def measure(args: argparse.Namespace, db: str) -> int:
+    """Seed `db`, serve it, measure; prints the figures."""
     t = time.time()
     job_id = seed(db, args.jobs, args.running, args.migrations)
     seeded_s = time.time() - t
@@ -190,10 +209,11 @@ def main() -> int:
             client.get(path)
         idle = rss_kib(server.pid)
         figures: dict[str, Any] = {
-            "jobs": args.jobs, "running": args.running, "migrations": args.migrations, "threads": args.threads,
+            "backend": db.split(":", 1)[0], "jobs": args.jobs, "running": args.running, "migrations": args.migrations, "threads": args.threads,
             "seed_s": round(seeded_s, 1),
             "get_jobs_median_ms": round(timed_median(client, "/", args.samples), 1),
             "get_job_median_ms": round(timed_median(client, f"/jobs/{job_id}", args.samples), 1),
+            "get_history_median_ms": round(timed_median(client, "/history", args.samples), 1),
             "jobs_page_kb": round(len(client.get("/")[1].encode()) / 1024, 1),
         }
         outcome = burst(base, client, ["/", "/history"] * (args.burst // 2))
@@ -239,7 +259,8 @@ def main() -> int:
             server.kill()
     print(json.dumps(figures))
     print(f"GET / median {figures['get_jobs_median_ms']} ms ({figures['jobs_page_kb']} KiB), "
-          f"GET /jobs/{job_id} median {figures['get_job_median_ms']} ms; {args.burst} concurrent -> "
+          f"GET /jobs/{job_id} median {figures['get_job_median_ms']} ms, GET /history median "
+          f"{figures['get_history_median_ms']} ms; {args.burst} concurrent -> "
           f"{figures['burst_errors']} errors {outcome}; RSS idle {figures['idle_rss_mib']} MiB, peak during "
           f"{args.bad_logins} bad logins {figures['bad_login_peak_rss_mib']} MiB (x{figures['rss_ratio']}) "
           f"{statuses}", file=sys.stderr)

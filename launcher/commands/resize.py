@@ -1,7 +1,7 @@
 """`elastic resize JOB --nodes N`: queue a grow/shrink request for the launcher.
 
 The command never touches Slurm or the job itself; it writes an admin request (and an
-audit row) that the running launcher picks up with Store.pending_requests.
+audit row) that the running launcher takes one at a time with Store.take_requests.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def lookup_job(store: "Store", ref: str) -> "Job":
 def request(args: argparse.Namespace, action: str, raw: dict[str, object]) -> int:
     """Validate (db.requests, the same rules as the dashboard and the launcher) and queue one request;
     action "resize" becomes grow or shrink by the nodes the job holds now."""
-    from db.requests import check_request, held_nodes
+    from db.requests import held_nodes
     from launcher.errors import UsageError
 
     store = open_store(args.db)
@@ -56,18 +56,17 @@ def request(args: argparse.Namespace, action: str, raw: dict[str, object]) -> in
         job = lookup_job(store, args.job)
         if action == "resize":
             action = "grow" if int(raw["nodes"]) > len(held_nodes(store, job.id)) else "shrink"  # type: ignore[call-overload]
-        try:
-            params = check_request(store, job, action, raw)
+        try:  # checked and queued in one transaction (concurrent CLIs and dashboards queue once)
+            rid, params = store.queue_request(job.id, action, raw, requester(args.user))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        return queue(store, job, action, params, requester(args.user))
+        return queue(store, job, action, params, requester(args.user), rid)
     finally:
         store.close()
 
 
-def queue(store: "Store", job: "Job", action: str, params: dict[str, object], who: str) -> int:
-    """Write the request and its audit row; print the id on stdout, a summary on stderr."""
-    rid = store.add_request(job.id, action, params, who)
+def queue(store: "Store", job: "Job", action: str, params: dict[str, object], who: str, rid: int) -> int:
+    """Write the audit row of queued request `rid`; print the id on stdout, a summary on stderr."""
     store.audit(who, action, f"job:{job.id}", f"request {rid} queued via CLI: {params}")
     print(rid)
     print(f"request {rid} queued: {action} job {job.name} (id {job.id}) {params}", file=sys.stderr)

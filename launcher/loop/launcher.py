@@ -274,7 +274,7 @@ class Launcher:
                 self.shrink_to(self.opts.min_nodes, "signal")
         if isinstance(self.mode, LiveMode):
             self.record_loss()
-        for req in self.db.pending_requests(self.job_id):
+        for req in self.db.take_requests(self.job_id):  # claimed one at a time (SKIP LOCKED)
             self.handle_request(req)
             if self.stopped:
                 return False

@@ -6,7 +6,10 @@ from typing import Any
 import pytest
 
 from db import Store
+from tests.db.backends import both_backends
 from tests.db.seed import spread_llama
+
+pytestmark = both_backends  # every test here runs on SQLite and on a real PostgreSQL server
 
 
 def test_admin_action_queues_request_and_audits(admin: Any, store: Store) -> None:

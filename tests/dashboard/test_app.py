@@ -5,8 +5,10 @@ import pytest
 
 from dashboard import ConfigError, create_app, load_config
 from db import DatabaseError
+from tests.db.backends import both_backends
 
 
+@both_backends
 def test_refuses_to_start_without_secret_key(db_url: str) -> None:
     with pytest.raises(ConfigError, match="ELASTIC_SECRET_KEY"):
         create_app({"DB_URL": db_url})

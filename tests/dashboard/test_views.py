@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 
 from db import Store
+from tests.db.backends import both_backends
+
+pytestmark = both_backends  # every test here runs on SQLite and on a real PostgreSQL server
 
 
 @pytest.mark.parametrize("url", ["/", "/jobs/1", "/migrations/1", "/history", "/history?format=csv"])

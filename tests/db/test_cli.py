@@ -12,9 +12,11 @@ import pytest
 from db import Store
 from launcher.cli import main
 from db.exports import RANK_MAP_COLUMNS
+from tests.db.backends import both_backends
 from tests.db.seed import seed_hetjob, spread_llama
 
 
+@both_backends
 def test_history_table_json_csv(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["history", "--db", url]) == 0
     out = capsys.readouterr().out
@@ -38,6 +40,7 @@ RELEASED = "component 1 (Slurm job 20): n4 released (scontrol update)"
 DECLINED = "declined: training ended (the workers finished their last step, step 40) before the grow"
 
 
+@both_backends
 def test_history_shows_each_migrations_notes_and_why_it_was_declined(url: str,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """What happened besides the plan (the launcher's notes: workers SIGKILLed after --term-timeout, a
@@ -77,6 +80,7 @@ def test_history_bad_values_exit_2(url: str, args: list[str], capsys: pytest.Cap
     assert "error" in capsys.readouterr().err
 
 
+@both_backends
 def test_history_of_an_unknown_job_says_so(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     """A mistyped job is an error naming it, not "no migrations match" (which a job without migrations gets)."""
     for fmt in ([], ["--json"], ["--csv"]):
@@ -95,6 +99,7 @@ def test_history_unknown_db_exits_2_and_creates_nothing(tmp_path: Path, capsys: 
     assert main(["history", "--db", "bogus://x"]) == 2
 
 
+@both_backends
 def test_resize_and_preempt_write_requests(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["resize", "llama", "--nodes", "2", "--db", url, "--user", "ops"]) == 0
     rid = int(capsys.readouterr().out.strip())
@@ -109,6 +114,7 @@ def test_resize_and_preempt_write_requests(url: str, capsys: pytest.CaptureFixtu
     assert store.audit_log()[0].action == "preempt"
 
 
+@both_backends
 @pytest.mark.parametrize("argv, message", [
     (["resize", "ghost", "--nodes", "2"], "no job 'ghost'"),
     (["resize", "llama", "--nodes", "1"], "already runs on 1"),
@@ -129,6 +135,7 @@ def test_resize_unknown_db(tmp_path: Path) -> None:
     assert not (tmp_path / "none.db").exists()
 
 
+@both_backends
 def test_dashboard_user_management(url: str, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("a-long-password\n"))
@@ -175,6 +182,7 @@ def test_history_rank_maps_say_component_node_and_gpu(tmp_path: Path, capsys: py
     assert "no job 'nope'" in capsys.readouterr().err
 
 
+@both_backends
 def test_history_rank_maps_of_a_plain_job_name_no_component(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["history", "--db", url, "--rank-maps", "--job", "llama"]) == 0
     table = capsys.readouterr().out

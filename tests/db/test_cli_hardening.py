@@ -16,6 +16,7 @@ from sqlalchemy import create_engine
 from db import Store
 from db.schema import CURRENT_VERSION, MIGRATIONS, _stamp, create_v1
 from launcher.cli import main
+from tests.db.backends import both_backends
 
 from tests.paths import ROOT
 
@@ -86,8 +87,9 @@ def test_add_user_without_a_terminal_is_a_usage_error(url: str, monkeypatch: pyt
 
 
 # ------------------------------------------------------------ read-only commands (item 7)
-def _v4_database(path: Path) -> None:
-    engine = create_engine(f"sqlite:///{path}")
+def _v4_database(where: Path | str) -> None:
+    """A database at schema v4: a SQLite file at a path, or the database at a URL."""
+    engine = create_engine(f"sqlite:///{where}" if isinstance(where, Path) else where)
     create_v1(engine)
     with engine.begin() as conn:
         for step in MIGRATIONS[:3]:
@@ -152,3 +154,32 @@ def test_jobs_is_read_only_too(tmp_path: Path, capsys: pytest.CaptureFixture[str
     before = _snapshot(path)
     assert main(["jobs", "--db", str(path)]) == 2
     assert "elastic db upgrade" in capsys.readouterr().err and _snapshot(path) == before
+
+
+@both_backends
+def test_every_command_on_an_older_schema_then_db_upgrade(fresh_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same path on PostgreSQL as on SQLite: read-only commands and the dashboard refuse a v4
+    database and name `elastic db upgrade`; it upgrades; then every command works on it."""
+    from dashboard import create_app
+    from db import DatabaseError
+
+    _v4_database(fresh_url)
+    for argv in (["history"], ["jobs"], ["resize", "1", "--nodes", "1"]):
+        assert main([*argv, "--db", fresh_url]) == 2
+        assert "elastic db upgrade" in capsys.readouterr().err
+    with pytest.raises(DatabaseError, match="elastic db upgrade"):
+        create_app({"DB_URL": fresh_url, "SECRET_KEY": "k" * 32})
+    assert main(["db", "version", "--db", fresh_url]) == 0
+    assert f"schema version 4; this release: {CURRENT_VERSION}" in capsys.readouterr().out
+    assert main(["db", "upgrade", "--db", fresh_url]) == 0
+    assert f"schema version 4 -> {CURRENT_VERSION}" in capsys.readouterr().err
+
+    store = Store(fresh_url, create=False, upgrade_schema=False)
+    jid = store.create_job("after", "pp1tp1dp2", 1, 2, nodes=["a", "b"])
+    store.close()
+    assert main(["jobs", "--db", fresh_url]) == 0 and "after" in capsys.readouterr().out
+    assert main(["history", "--db", fresh_url]) == 0
+    assert main(["suspend", str(jid), "--db", fresh_url]) == 0
+    assert capsys.readouterr().out.strip().isdigit()
+    app = create_app({"DB_URL": fresh_url, "SECRET_KEY": "k" * 32, "TESTING": True})
+    app.extensions["elastic_store"].close()

@@ -7,6 +7,7 @@ import pytest
 
 from db import Store
 from db.filters import parse_history_filters
+from tests.db.backends import both_backends
 from tests.db.seed import T0, FakeClock
 
 
@@ -24,6 +25,7 @@ def migrations(store: Store, clock: FakeClock) -> dict[str, int]:
     return {"a": a, "b": b}
 
 
+@both_backends
 def test_filters(store: Store, migrations: dict[str, int]) -> None:
     assert [r["trigger"] for r in store.history()] == ["demo", "signal", "preempt", "resize"]  # newest first
     assert store.history_count() == 4
@@ -36,6 +38,7 @@ def test_filters(store: Store, migrations: dict[str, int]) -> None:
     assert store.history(status="running")[0]["finished_at"] is None
 
 
+@both_backends
 def test_parse_filters_from_text(store: Store, migrations: dict[str, int]) -> None:
     f = parse_history_filters({"job": "a", "since": "2024-05-02", "until": "2024-05-02", "trigger": "", "status": None})
     assert f.since == datetime(2024, 5, 2, tzinfo=timezone.utc)
@@ -57,6 +60,7 @@ def test_malformed_filters_are_rejected(raw: dict[str, str], match: str) -> None
         parse_history_filters(raw)
 
 
+@both_backends
 def test_store_rejects_unknown_vocabulary(store: Store) -> None:
     with pytest.raises(ValueError):
         store.history(trigger="nope")

@@ -12,11 +12,12 @@ from sqlalchemy import create_engine
 from db import Store
 from db.schema import CURRENT_VERSION, MIGRATIONS, _stamp, create_v1
 from launcher.cli import main
+from tests.db.backends import both_backends
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    u = f"sqlite:///{tmp_path / 'jobs.db'}"
+def url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    u = f"sqlite:///{tmp_path / 'jobs.db'}" if backend == "sqlite" else request.getfixturevalue("fresh_url")
     s = Store(u)
     live = s.create_job("gpt", "pp2tp1dp1", 1, 2, slurm_job_id="77", pinned_node="n1", nodes=["n1", "n2"])
     s.update_job(live, last_step=42)
@@ -27,6 +28,7 @@ def url(tmp_path: Path) -> str:
     return u
 
 
+@both_backends
 def test_jobs_table_lists_mode_nodes_and_last_step(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["jobs", "--db", url]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -36,6 +38,7 @@ def test_jobs_table_lists_mode_nodes_and_last_step(url: str, capsys: pytest.Capt
     assert lines[3].split()[:4] == ["3", "old", "-", "stopped"]
 
 
+@both_backends
 def test_jobs_json_and_state_filter(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["jobs", "--db", url, "--state", "running", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
@@ -48,6 +51,7 @@ def test_jobs_json_and_state_filter(url: str, capsys: pytest.CaptureFixture[str]
 WHY = "workers [0, 1] failed and --max-restarts 3 is used up"
 
 
+@both_backends
 def test_a_failed_job_says_why(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Why the launcher gave a job up (Store.set_job_state(..., why=)) is under its row and in --json; a job
     that failed before launchers said why, and one that is not failed, say nothing."""
@@ -63,6 +67,7 @@ def test_a_failed_job_says_why(url: str, capsys: pytest.CaptureFixture[str]) -> 
     assert [j["why"] for j in json.loads(capsys.readouterr().out)] == [None, WHY, None]
 
 
+@both_backends
 @pytest.mark.parametrize("argv", [["resize", "old", "--nodes", "2"], ["preempt", "old", "--count", "1"]])
 def test_requests_for_a_job_that_is_not_running_are_refused(url: str, argv: list[str],
                                                             capsys: pytest.CaptureFixture[str]) -> None:

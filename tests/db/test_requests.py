@@ -11,6 +11,7 @@ from db import Store
 from db.records import AdminRequest, Job
 from db.requests import validate_request
 from launcher.cli import main
+from tests.db.backends import both_backends
 from tests.db.seed import layout_entries
 
 T = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -58,6 +59,7 @@ def test_refusals(job: Job, action: str, raw: dict[str, Any], message: str) -> N
         validate_request(job, HELD, [], action, raw)
 
 
+@both_backends
 def test_grow_on_uneven_nodes_goes_up_to_the_recorded_max_nodes(store: Store) -> None:
     """4,4,2,2 nodes hold 12 devices, 4 on the largest: the old max_devices / gpus_per_node said 3 nodes,
     refusing a grow back to 4 after a shrink. The launcher's --nnodes MAX is what counts (v9)."""
@@ -101,6 +103,7 @@ CASES = [  # (job, action, CLI args, dashboard form)
 ]
 
 
+@both_backends
 @pytest.mark.parametrize("job, action, argv, form", CASES)
 def test_cli_and_dashboard_refuse_alike(url: str, doors: dict[str, Any], job: str, action: str, argv: list[str],
                                         form: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -119,6 +122,7 @@ def test_cli_and_dashboard_refuse_alike(url: str, doors: dict[str, Any], job: st
     assert store.list_requests() == []
 
 
+@both_backends
 def test_fifty_identical_shrinks_queue_one(url: str, doors: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     codes = [main(["resize", "two", "--nodes", "1", "--db", url]) for _ in range(50)]
     assert codes.count(0) == 1 and codes.count(2) == 49

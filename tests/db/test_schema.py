@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sqlite3
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from sqlalchemy import create_engine, inspect
 from db import DatabaseError, Store
 from db.models import Base
 from db.schema import CURRENT_VERSION, create_v1
+from tests.db.backends import both_backends
 
 
 def _columns(path: Path) -> dict[str, set[str]]:
@@ -251,3 +253,74 @@ def test_upgrade_from_v8_adds_a_jobs_max_nodes(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="must be positive"):
         store.update_job(1, max_nodes=0)
     _same_columns_as_fresh(store, old, tmp_path)
+
+
+# ------------------------------------------------- the same upgrade path on SQLite and PostgreSQL
+def _typed_columns(url: str) -> dict[str, dict[str, str]]:
+    """table -> column -> its type as the server reports it (VARCHAR(200), TIMESTAMP, JSON ...)."""
+    engine = create_engine(url)
+    insp = inspect(engine)
+    out = {t: {c["name"]: str(c["type"]) for c in insp.get_columns(t)} for t in insp.get_table_names()}
+    engine.dispose()
+    return out
+
+
+def _indexes(url: str) -> dict[str, set[tuple[str, tuple[str, ...]]]]:
+    """table -> its indexes as (name, columns)."""
+    engine = create_engine(url)
+    insp = inspect(engine)
+    out = {t: {(i["name"], tuple(i["column_names"])) for i in insp.get_indexes(t)} for t in insp.get_table_names()}
+    engine.dispose()
+    return out
+
+
+def _another_fresh_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'other-fresh.db'}"
+    return request.getfixturevalue("pg_server").create_database()
+
+
+@both_backends
+@pytest.mark.parametrize("version", range(1, CURRENT_VERSION))
+def test_upgrade_from_every_version_keeps_rows_and_matches_a_fresh_schema(
+        backend: str, fresh_url: str, version: int, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A database left at `version` (v1 plus the steps up to it, as the releases of the time wrote it),
+    with a job and a request in it, upgrades in place: rows kept, the columns (and on PostgreSQL their
+    types) and the indexes those of a database created fresh on the same server, and the v10 request
+    columns usable."""
+    from sqlalchemy import text
+
+    from db.schema import MIGRATIONS, _stamp
+
+    engine = create_engine(fresh_url)
+    create_v1(engine)
+    with engine.begin() as conn:
+        for step in MIGRATIONS[:version - 1]:
+            step(conn)
+        _stamp(conn, version)
+        conn.execute(text("INSERT INTO jobs (name, state, layout, gpus_per_node, max_devices, created_at, updated_at)"
+                          " VALUES ('legacy', 'running', 'pp1tp1dp2', 2, 2, :t, :t)"), {"t": datetime(2024, 1, 1)})
+        if version >= 2:
+            conn.execute(text("INSERT INTO admin_requests (job_id, action, params, requested_by, status, created_at)"
+                              " VALUES (1, 'suspend', '{}', 'ops', 'pending', :t)"), {"t": datetime(2024, 1, 1)})
+    engine.dispose()
+
+    store = Store(fresh_url)
+    assert (store.schema_found, store.schema_version) == (version, CURRENT_VERSION)
+    job = store.find_job("legacy")
+    assert job is not None and (job.id, job.sla_tier, job.min_nodes, job.mode) == (1, "standard", 1, "live")
+    if version < 2:
+        store.add_request(job.id, "suspend", {}, "ops")
+    taken = store.take_request(job.id, "host:1")
+    assert taken is not None and taken.taken_by == "host:1" and store.complete_request(taken.id, "done", "ok")
+    store.close()
+    Store(fresh_url).close()  # opening again changes nothing
+
+    fresh = _another_fresh_url(backend, tmp_path, request)
+    Store(fresh).close()
+    upgraded, created = _typed_columns(fresh_url), _typed_columns(fresh)
+    if backend == "sqlite":  # declared types are only hints to SQLite (TIMESTAMP, DATETIME: the same)
+        upgraded, created = ({t: set(c) for t, c in cols.items()} for cols in (upgraded, created))
+    assert upgraded == created
+    assert ("ix_migrations_started_at", ("started_at", "id")) in _indexes(fresh_url)["migrations"]
+    assert _indexes(fresh_url) == _indexes(fresh)

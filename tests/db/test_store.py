@@ -7,7 +7,10 @@ import pytest
 
 from db import Store
 from db.errors import NotFoundError
+from tests.db.backends import both_backends
 from tests.db.seed import T0, FakeClock, layout_entries, seed_demo, seed_hetjob
+
+pytestmark = both_backends  # every test here runs on SQLite and on a real PostgreSQL server
 
 
 def test_job_lifecycle(store: Store, clock: FakeClock) -> None:
@@ -135,11 +138,14 @@ def test_requests_audit_users(store: Store) -> None:
     assert store.verify_user("alice", "other-pw").role == "viewer"  # type: ignore[union-attr]
 
 
-def test_password_is_hashed(store: Store, db_path) -> None:  # type: ignore[no-untyped-def]
-    import sqlite3
+def test_password_is_hashed(store: Store, store_url: str) -> None:
+    from sqlalchemy import create_engine, text
 
     store.add_user("carol", "plain-text-pw", "viewer")
-    (stored,) = sqlite3.connect(db_path).execute("SELECT password_hash FROM users").fetchone()
+    engine = create_engine(store_url)  # read the table directly, not through the Store
+    with engine.connect() as conn:
+        (stored,) = conn.execute(text("SELECT password_hash FROM users")).one()
+    engine.dispose()
     assert "plain-text-pw" not in stored and stored.startswith(("scrypt:", "pbkdf2:"))
 
 
@@ -201,3 +207,23 @@ def test_node_size_learnt_later_resizes_its_devices(store: Store) -> None:
     store.set_node_state(jid, "a1", "active", gpus=2)
     nodes = {n.name: (n.gpus, n.component, sorted(n.devices)) for n in store.list_nodes(jid)}
     assert nodes == {"a1": (2, 0, [0, 1]), "b1": (2, 1, [0, 1])}
+
+
+def test_jobs_page_name_filter_ignores_case_and_wildcards(store: Store) -> None:
+    """The same answer on SQLite (LIKE ignores case) and PostgreSQL (it does not: ILIKE)."""
+    for name in ("GPT-big", "gpt_small", "llama", "gptXsmall"):
+        store.create_job(name, "pp1tp1dp1", 1, 1)
+    rows, total = store.jobs_page(name="gpt")
+    assert total == 3 and sorted(r["job"].name for r in rows) == ["GPT-big", "gptXsmall", "gpt_small"]
+    rows, total = store.jobs_page(name="T_S")  # _ is a character here, not a wildcard
+    assert total == 1 and rows[0]["job"].name == "gpt_small"
+
+
+def test_names_too_long_for_the_columns_are_refused_alike(store: Store) -> None:
+    """PostgreSQL enforces VARCHAR(200) and SQLite does not: the store refuses both the same way."""
+    with pytest.raises(ValueError, match="job name has 1 to 200 characters, not 201"):
+        store.create_job("j" * 201, "pp1tp1dp1", 1, 1)
+    with pytest.raises(ValueError, match="node name"):
+        store.create_job("j", "pp1tp1dp1", 1, 1, nodes=["n" * 300])
+    assert store.list_jobs() == []
+    assert store.get_job(store.create_job("j" * 200, "pp1tp1dp1", 1, 1)).name == "j" * 200  # type: ignore[union-attr]
