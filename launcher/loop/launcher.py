@@ -78,12 +78,10 @@ class Launcher:
     suspended = property(lambda self: getattr(self.mode, "suspended", False))
     model = property(lambda self: self.holdings.model)
     tp_fit = property(lambda self: self.holdings.tp_fit)
+    node_devices = property(lambda self: self.holdings.node_devices)
     handles = property(lambda self: self.workers.handles, lambda self, v: setattr(self.workers, "handles", v))
     topology = property(lambda self: self.holdings.topology, lambda self, v: setattr(self.holdings, "topology", v))
     current = property(lambda self: self.mode.current, lambda self, v: setattr(self.mode, "current", v))
-
-    def node_devices(self, node: str) -> list[int]:
-        return self.holdings.node_devices(node)
 
     def max_step(self) -> int:
         devs = list(self.current.devices) if self.current else []
