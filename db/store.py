@@ -41,7 +41,7 @@ JOB_FAILED = "job-failed"  # the audit action that says why the launcher ended a
 HISTORY_COLUMNS = (
     "id", "job_id", "job_name", "kind", "trigger", "status", "from_layout", "to_layout", "started_at",
     "finished_at", "duration_s", "pause_s", *(f"{p}_s" for p in PHASES), "bytes_moved", "bytes_checkpoint",
-    "bit_exact", "error", "notes",
+    "bit_exact", "at_step", "steps_lost", "error", "notes",
 )
 
 
@@ -103,7 +103,7 @@ def _history_row(m: Migration) -> dict[str, Any]:
         "pause_s": round(m.pause_s, 3) if m.pause_s is not None else None,
         **{f"{p}_s": round(m.phases[p], 3) if p in m.phases else None for p in PHASES},
         "bytes_moved": m.bytes_moved, "bytes_checkpoint": m.bytes_checkpoint, "bit_exact": m.bit_exact,
-        "error": m.error, "notes": migration_notes(m),
+        "at_step": m.at_step, "steps_lost": m.steps_lost, "error": m.error, "notes": migration_notes(m),
     }
 
 

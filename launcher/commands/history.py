@@ -23,7 +23,30 @@ def add_db_argument(parser: argparse.ArgumentParser) -> None:
                              "sqlite:///var/elastic.db)")
 
 
+FIELDS = """\
+fields of --json (and --csv's columns), one object per migration:
+  id, job_id, job_name   the migration and its job
+  kind                   live (state moved between running workers) or restart (workers stopped, new world)
+  trigger                resize, preempt, signal, failure, dashboard, demo
+  status                 succeeded, failed, declined (gave up with nothing wrong), running, planned
+  from_layout, to_layout parallel layouts, e.g. pp2tp2dp1
+  started_at, finished_at  UTC, ISO 8601
+  duration_s             seconds from start to finish
+  pause_s                seconds training stood still: last step of the old layout to the first of the new
+  <phase>_s              seconds per phase (plan, build_groups, execute, rebuild, other, stop, start)
+  bytes_moved            bytes that crossed between processes (null: not measured)
+  bytes_checkpoint       what a checkpoint restart would have written and read instead
+  bit_exact              every moved piece's digest matched at both ends (null: not checked)
+  at_step                the step boundary the new layout went on from (a restore: the checkpoint's step)
+  steps_lost             committed steps run again (a restore from the safety checkpoint)
+  error                  why it failed or was declined (or what went wrong after the commit)
+  notes                  what else happened (node releases, killed workers, a rank's first failure)
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = FIELDS
     add_db_argument(parser)
     parser.add_argument("--job", help="job id or name")
     parser.add_argument("--since", help="only migrations started at/after this ISO date or time")
@@ -36,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --job: where every rank ran in each epoch (het-job component, node, GPU, "
                              "pp/dp/tp) instead of the migrations")
     fmt = parser.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print a JSON array")
+    fmt.add_argument("--json", action="store_true", help="print a JSON array, one object per migration (see below)")
     fmt.add_argument("--csv", action="store_true", help="print CSV with a header row")
 
 
@@ -46,15 +69,22 @@ def _table(rows: list[dict[str, Any]]) -> str:
     def sec(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
-    header = ["ID", "JOB", "TRIGGER", "STATUS", "FROM -> TO", "STARTED (UTC)", "SECONDS", "PAUSE",
+    header = ["ID", "JOB", "TRIGGER", "STATUS", "FROM -> TO", "STARTED (UTC)", "AT STEP", "SECONDS", "PAUSE",
               "PHASES (" + "/".join(p.replace("build_", "") for p in PHASES) + ")", "MOVED", "CHECKPOINT", "VERIFIED"]
     body = [[str(r["id"]), r["job_name"], r["trigger"] + (" (restart)" if r.get("kind") == "restart" else ""),
              r["status"], f"{r['from_layout']} -> {r['to_layout']}",
-             r["started_at"][:19].replace("T", " "), sec(r["duration_s"]), sec(r["pause_s"]),
+             r["started_at"][:19].replace("T", " "), _step(r), sec(r["duration_s"]), sec(r["pause_s"]),
              "/".join(sec(r[f"{p}_s"]) for p in PHASES),
              human_bytes(r["bytes_moved"]), human_bytes(r["bytes_checkpoint"]),
              {True: "bit-exact", False: "MISMATCH", None: "-"}[r["bit_exact"]]] for r in rows]
     return format_table(header, body, [_below(r) for r in rows])
+
+
+def _step(row: dict[str, Any]) -> str:
+    """The step boundary the migration applied at (a restore: the checkpoint's step, and the steps lost)."""
+    if row["at_step"] is None:
+        return "-"
+    return str(row["at_step"]) + (f" ({row['steps_lost']} lost)" if row["steps_lost"] else "")
 
 
 def format_table(header: list[str], body: list[list[str]], below: list[list[str]] | None = None) -> str:

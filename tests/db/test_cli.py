@@ -187,3 +187,29 @@ def test_history_rank_maps_of_a_plain_job_name_no_component(url: str, capsys: py
     assert main(["history", "--db", url, "--rank-maps", "--job", "llama"]) == 0
     table = capsys.readouterr().out
     assert "epoch 1  pp2tp2dp1" in table and "rank 3    n1 GPU 3  pp1 dp0 tp1" in table and "component" not in table
+
+
+@both_backends
+def test_history_shows_the_step_a_migration_applied_at(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The applied step and the steps a restore lost, in the table, JSON and CSV; every field of --json
+    is explained in `elastic history --help`."""
+    from db.store import HISTORY_COLUMNS
+
+    store = Store(url)
+    mid = store.start_migration(1, "pp2tp2dp2", "pp2tp2dp1", "failure", {}, store.fragmentation(1))
+    store.finish_migration(mid, "succeeded", None, 10, None, {"rebuild": 1.0}, at_step=7, steps_lost=2)
+    store.close()
+    assert main(["history", "--db", url, "--json", "--trigger", "failure"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["at_step"], row["steps_lost"]) == (7, 2)
+    assert main(["history", "--db", url, "--csv", "--trigger", "failure"]) == 0
+    (got,) = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert (got["at_step"], got["steps_lost"]) == ("7", "2")
+    assert main(["history", "--db", url, "--trigger", "failure"]) == 0
+    out = capsys.readouterr().out
+    assert "AT STEP" in out.splitlines()[0] and "7 (2 lost)" in out
+    with pytest.raises(SystemExit):
+        main(["history", "--help"])
+    helped = capsys.readouterr().out
+    fields = [c for c in HISTORY_COLUMNS if not c.endswith("_s") or c in ("duration_s", "pause_s")]
+    assert [c for c in fields if c not in helped] == []
