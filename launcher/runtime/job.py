@@ -88,7 +88,8 @@ class Job:
     # -- the step boundary ------------------------------------------------------------------------
     def next_step(self, until: int | None = None) -> bool:
         """Call before every step: publishes progress, applies a migration or stop that is due here.
-        True: run step `job.step + 1` now; False: the job is over for this worker (exit)."""
+        True: run step `job.step` now (it counts from 1: `job.step` already is the step being run inside the
+        loop, and `until=N` runs steps 1..N); False: the job is over for this worker (exit)."""
         while True:
             live = self.model is not None and not self.broken
             if live:
