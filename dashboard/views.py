@@ -12,6 +12,7 @@ from dashboard import charts
 from dashboard.auth import audit
 from dashboard.deps import is_htmx, store
 from dashboard.survival import survival_of
+from db.liveness import lost_since, resume_hint, shown_state
 from db.exports import RANK_MAP_COLUMNS, rank_map_rows, write_csv
 from db.filters import MAX_LIMIT, parse_history_filters, parse_int
 from db.store import HISTORY_COLUMNS, migration_notes
@@ -145,4 +146,5 @@ def init_app(app: Flask) -> None:
     for code in (400, 403, 404, 405, 409, 413, 429):
         app.register_error_handler(code, _error)
     app.register_error_handler(500, _crash)
-    app.jinja_env.globals.update(human_bytes=charts.human_bytes, survival_of=survival_of)
+    app.jinja_env.globals.update(human_bytes=charts.human_bytes, survival_of=survival_of, shown_state=shown_state,
+                                  lost_since=lost_since, resume_hint=resume_hint)

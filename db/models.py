@@ -44,6 +44,7 @@ class JobRow(Base):
     last_step: Mapped[Optional[int]]  # v6: the last finished training step the launcher saw
     launch_spec: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)  # v7: model, node range, layout per size
     max_nodes: Mapped[Optional[int]]  # v9: --nnodes MAX (NULL: derived from max_devices / gpus_per_node)
+    heartbeat_at: Mapped[Optional[datetime]]  # v10: the launcher's last sign of life (db.liveness)
 
 
 class NodeRow(Base):

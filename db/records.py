@@ -30,10 +30,12 @@ class Job:
     mode: str = "live"  # live (runtime API) or restart (torchrun's contract)
     last_step: int | None = None  # last finished training step the launcher saw
     max_nodes: int | None = None  # the launcher's --nnodes MAX (None: recorded before v9)
+    heartbeat_at: datetime | None = None  # the launcher's last heartbeat (None: before v10, or none yet)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["created_at"], d["updated_at"] = _iso(self.created_at), _iso(self.updated_at)
+        d["heartbeat_at"] = _iso(self.heartbeat_at)
         return d
 
 

@@ -15,4 +15,5 @@ def job_record(row: JobRow) -> Job:
         checkpoint_path=row.checkpoint_path, checkpoint_step=row.checkpoint_step, min_nodes=row.min_nodes,
         mode=row.mode or "live",
         last_step=row.last_step, max_nodes=row.max_nodes,
+        heartbeat_at=from_db(row.heartbeat_at) if row.heartbeat_at is not None else None,
     )  # type: ignore[arg-type]

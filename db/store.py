@@ -259,6 +259,15 @@ class Store(RequestsMixin, AdminMixin, ClusterMixin, StoreBase):
                     setattr(row, name, value)
             row.updated_at = self.now()
 
+    def heartbeat(self, job_id: int, checkpoint: tuple[str, int] | None = None) -> None:
+        """The job's launcher is alive (db.liveness); `checkpoint`: the newest complete safety checkpoint
+        (path, step), what a later `elastic-launch --resume` of a lost job goes on from."""
+        with self._tx() as s:
+            row = self._job_row(s, job_id)
+            row.heartbeat_at = self.now()
+            if checkpoint is not None and row.state == "running":
+                row.checkpoint_path, row.checkpoint_step = checkpoint
+
     def set_checkpoint(self, job_id: int, path: str | None, step: int | None, *, state: str | None = None) -> None:
         """Remember the checkpoint the job resumes from (and optionally set its state, e.g. suspended)."""
         if state is not None:

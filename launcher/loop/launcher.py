@@ -26,6 +26,7 @@ from launcher.loop.suspend import continue_job, finish_resume, resume_point
 from launcher.loop.workers import Workers
 from launcher.options import Options
 from launcher.wire import control as C
+from launcher.wire.folders import latest_checkpoint
 from migrate.layout import LayoutError
 from migrate.topology import RankMap
 
@@ -256,6 +257,7 @@ class Launcher:
 
     def poll_once(self) -> bool:
         """One round of checks; False once the job is over."""
+        self.recorder.heartbeat(lambda: latest_checkpoint(self.ckpt_dir) if isinstance(self.mode, LiveMode) else None)
         if self.deciding and self.went_live():
             return True
         going = self.mode.poll() if isinstance(self.mode, RestartMode) else self._poll_live()

@@ -7,8 +7,10 @@ One place, so that a restart, a live move, a restore and a refusal are recorded 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 
+from db.liveness import HEARTBEAT_S
 from launcher.backends import Reporter
 from launcher.loop.outcome import Outcome
 
@@ -23,9 +25,18 @@ class Recorder:
         self.outcomes: list[Outcome] = []
         self.epoch_base = 0  # database epochs of a resumed job continue after its earlier ones
         self.reporter = Reporter(self.log, lambda action, text: self.audit(action, text))
+        self.beat_at = float("-inf")  # monotonic time of the last heartbeat
 
     def audit(self, action: str, text: str) -> None:
         self.db.audit("elastic-launch", action, f"job:{self.job_id}", text)
+
+    def heartbeat(self, newest_checkpoint=lambda: None) -> None:
+        """Say the job's launcher is alive, every HEARTBEAT_S at most (db.liveness: a job without one is lost),
+        with the newest complete safety checkpoint a takeover would resume from."""
+        if self.job_id is None or time.monotonic() - self.beat_at < HEARTBEAT_S:
+            return
+        self.beat_at = time.monotonic()
+        self.db.heartbeat(self.job_id, newest_checkpoint())
 
     # -- one migration ------------------------------------------------------------------------------
     def begin(self, out: Outcome, summary: dict, kind: str | None = None) -> int:

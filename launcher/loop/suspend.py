@@ -9,18 +9,20 @@ new run gets and goes on at step S+1, as the same job in the database.
 from __future__ import annotations
 
 from pathlib import Path
+from db.liveness import lost_since
 from launcher.loop.outcome import MigrationFailed, Outcome
 from launcher.wire.folders import latest_checkpoint
 
 
 def resume_checkpoint(job, ckpt_dir: str) -> str | None:
     """The checkpoint a resume starts from: the suspended `job`'s own (db.records.Job or None), else the
-    newest complete one in `ckpt_dir`; None when there is none."""
-    if job is not None and job.state == "suspended" and job.checkpoint_path \
-            and (Path(job.checkpoint_path) / ".metadata").exists():
+    newest complete one in `ckpt_dir` (a lost job's launcher recorded its newest one: used when `ckpt_dir`
+    holds none); None when there is none."""
+    recorded = job is not None and job.checkpoint_path and (Path(job.checkpoint_path) / ".metadata").exists()
+    if recorded and job.state == "suspended":
         return job.checkpoint_path
     found = latest_checkpoint(ckpt_dir)
-    return found[0] if found else None
+    return found[0] if found else job.checkpoint_path if recorded and lost_since(job) else None
 
 
 def nothing_to_resume(job_name: str, ckpt_dir: str) -> str:
@@ -39,8 +41,11 @@ def resume_point(opts, recorder, ckpt_dir: str):
     path = resume_checkpoint(job, ckpt_dir)
     if path is None:
         raise MigrationFailed(nothing_to_resume(opts.job_name, ckpt_dir))
-    if job is not None and job.state != "suspended":
+    if job is not None and job.state != "suspended" and lost_since(job) is None:
         job = None  # a finished or running job of that name: the resumed run is a new job
+    if job is not None and job.state == "running":  # lost: nobody drives it, this launcher takes it over
+        recorder.log(f"taking over job {opts.job_name} (id {job.id}), lost since {lost_since(job):%Y-%m-%d %H:%M:%S} "
+                     f"UTC at step {job.last_step}")
     recorder.log(f"resuming job {opts.job_name} from {path}")
     return job, path, requests
 
