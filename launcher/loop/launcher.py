@@ -131,7 +131,7 @@ class Launcher:
         self._create_job(f"pp1tp1dp{self.holdings.devices_on(nodes)}", nodes, self.opts.max_nodes * self.gpn,
                          mode="restart")
         self.mode = RestartMode(self.opts, self.ctl, self.holdings, self.workers, self.recorder, self.request.env,
-                                Path(self.ckpt_dir) / "torchelastic-errors")
+                                Path(f"{self.ckpt_dir}.errors"))
         self.deciding = deciding
         self.mode.start_world(nodes)
         if not deciding:  # auto mode: recorded once it trains as a restart-mode world (RestartMode.record_world)
