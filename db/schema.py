@@ -293,6 +293,11 @@ def _lock_schema(conn: Connection) -> None:
 SCHEMA_LOCK_KEY = 0x656C6173746963
 
 
+def _not_elastic(url_for_messages: str, has_tables: bool) -> DatabaseError:
+    return DatabaseError(f"{url_for_messages} {'holds tables but ' if has_tables else 'has '}no schema_version: "
+                         "it is not an elastic database; check --db")
+
+
 def upgrade(engine: Engine, url_for_messages: str, *, create: bool = True,
             migrate: bool = True) -> tuple[int | None, int]:
     """Bring the schema to CURRENT_VERSION; return (version found, version now).
@@ -308,15 +313,16 @@ def upgrade(engine: Engine, url_for_messages: str, *, create: bool = True,
         found = read_version(conn)
         has_tables = bool(inspect(conn).get_table_names())
     if found is None:
-        if has_tables or not create:
-            raise DatabaseError(
-                f"{url_for_messages} {'holds tables but ' if has_tables else 'has '}no schema_version: "
-                "it is not an elastic database; check --db"
-            )
+        if not create:
+            raise _not_elastic(url_for_messages, has_tables)
         with engine.begin() as conn:
             _lock_schema(conn)
             found = read_version(conn)  # another opener may have created it meanwhile
             if found is None:
+                # tables without a version, seen under the lock: another opener's schema half-seen before
+                # its commit is not this (the first look, outside the lock, can catch exactly that)
+                if inspect(conn).get_table_names():
+                    raise _not_elastic(url_for_messages, True)
                 Base.metadata.create_all(conn)
                 _stamp(conn, CURRENT_VERSION)
                 return None, CURRENT_VERSION
