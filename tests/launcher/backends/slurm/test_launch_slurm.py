@@ -41,6 +41,10 @@ exec {sys.executable} -m launcher.launch --nnodes 2:4 --gpus-per-node 2 --layout
     --on-signal suspend --db {url} --log-dir {tmp_path}/logs \\
     -- python -m launcher.worker --layers 4 --hidden 128 --vocab 512 --step-sleep 0.05 --log-every 0
 """
+    # the tests before this one (in this folder: faults, het jobs) cancel their jobs at their end, and Slurm may
+    # still be ending their steps: start on an idle testbed, not 60 s into a queue wait
+    wait("the testbed idle", lambda: not subprocess.run(["squeue", "--noheader"], env={**os.environ, **env},
+                                                        capture_output=True, text=True).stdout.strip(), timeout=180)
     job_id = slurm.submit(script)
     try:
         store = wait("the job in the database", lambda: _open(url), timeout=60)
