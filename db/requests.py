@@ -9,13 +9,20 @@ above its most nodes, and a request identical to one still pending.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from db.records import AdminRequest, Job
 from db.vocab import MAX_NAME, REQUEST_ACTIONS
 
-if TYPE_CHECKING:
-    from db.store import Store
+
+
+class Store(Protocol):
+    """What the checks read from db.store.Store (named here so this module, which the store imports, does
+    not import it back)."""
+
+    def current_rank_map(self, job_id: int) -> Any: ...
+
+    def pending_requests(self, job_id: int) -> list[AdminRequest]: ...
 
 #: the job state each action needs
 NEEDS_STATE = {"preempt": "running", "shrink": "running", "grow": "running", "suspend": "running",
