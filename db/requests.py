@@ -105,6 +105,9 @@ def validate_request(job: Job, held: Sequence[str], pending: Sequence[AdminReque
     if job.state != NEEDS_STATE[action]:
         raise ValueError(f"job {job.name} (id {job.id}) is {job.state}, not {NEEDS_STATE[action]}: "
                          f"cannot {action} it")
+    if action in ("preempt", "shrink", "grow") and not held:
+        raise ValueError(f"job {job.name} (id {job.id}) has not recorded the nodes it runs on yet (its first world "
+                         "is starting): try again once `elastic jobs` shows its layout")
     if action == "preempt":
         params = _preempt(job, held, raw)
     elif action in ("shrink", "grow"):

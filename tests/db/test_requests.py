@@ -59,6 +59,14 @@ def test_refusals(job: Job, action: str, raw: dict[str, Any], message: str) -> N
         validate_request(job, HELD, [], action, raw)
 
 
+@pytest.mark.parametrize("action, raw", [("grow", {"nodes": 1}), ("shrink", {"nodes": 1}), ("preempt", {"count": 1})])
+def test_a_job_with_no_recorded_placement_yet_is_refused(action: str, raw: dict[str, Any]) -> None:
+    """Until its first world is recorded a job holds no nodes as far as anyone can see: a resize would be
+    judged against zero nodes (a shrink to 1 taken for a grow), so it is refused with what to do."""
+    with pytest.raises(ValueError, match="has not recorded the nodes it runs on yet"):
+        validate_request(replace(JOB, min_nodes=1), [], [], action, raw)
+
+
 @both_backends
 def test_grow_on_uneven_nodes_goes_up_to_the_recorded_max_nodes(store: Store) -> None:
     """4,4,2,2 nodes hold 12 devices, 4 on the largest: the old max_devices / gpus_per_node said 3 nodes,

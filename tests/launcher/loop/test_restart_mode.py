@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from db import Store
+from db.requests import held_nodes
 
 from tests.paths import ROOT
 DUMP_ENV = ("import json, os, sys; keys = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', "
@@ -103,6 +104,16 @@ def test_sigterm_to_the_launcher_stops_the_job_and_its_workers(tmp_path: Path) -
         assert not Path(f"/proc/{p.name}").exists()
 
 
+def _holds(url: str, name: str, nodes: int) -> bool:
+    """The job's recorded rank map uses `nodes` nodes (a resize is judged against it)."""
+    store = Store(url)
+    try:
+        job = store.find_job(name)
+        return job is not None and len(held_nodes(store, job.id)) == nodes
+    finally:
+        store.close()
+
+
 def test_a_restart_that_had_to_kill_says_so_in_its_history(tmp_path: Path, capsys) -> None:
     """Workers of the first world ignore SIGTERM: after --term-timeout the launcher kills them, and the
     restart's history says so (such a pause is the timeout's, not the script's)."""
@@ -123,7 +134,7 @@ def test_a_restart_that_had_to_kill_says_so_in_its_history(tmp_path: Path, capsy
                             cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while len(list(ready.iterdir())) < 2:
+        while len(list(ready.iterdir())) < 2 or not _holds(url, "deaf", 2):  # the world formed and is recorded
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.1)
         from launcher.cli import main as elastic
