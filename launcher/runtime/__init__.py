@@ -29,7 +29,9 @@ runs its own step; at every step boundary it hands control to the runtime:
 their ranks, `rank`, `world_size`, `mesh` (a (pp, dp, tp) DeviceMesh), `tp_mesh`, `dp_group`,
 `pp_group`, `prev_rank`/`next_rank` (the neighbouring stages), `is_first_stage`/`is_last_stage`.
 The state that moves is the torch-native one: the model's `state_dict` (DTensor placements
-Shard(d)/Replicate from `tp_plan`), the optimizer's per-parameter state and its settings (each
+Shard(d)/Replicate from `tp_plan`), the optimizer's per-parameter state (any torch.optim optimizer: what
+it keeps is learnt by stepping the factory on zero-size probes, migrate.optim_state; LBFGS and SparseAdam
+are refused) and its settings (each
 parameter group's lr, betas, weight_decay, any key), the declared `scheduler`'s state, and every
 object in `state` (its `state_dict()`, e.g. a data position, an RNG). `job.optimizer` is one object
 from `join` on: each layout's parameters and state are put into it, so a scheduler or a wrapper made
