@@ -39,8 +39,8 @@ on it keeps working across migrations. Declare the LR scheduler to `join` (`sche
 torch.optim.lr_scheduler, chained or sequential too) rather than making it on `job.optimizer` yourself:
 a worker that joins later gets the declared one's state handed over, a scheduler of its own would
 start from the beginning. `job.model` is each layout's own module (None until this worker trains).
-Checkpoints hold the model, the optimizer's state and `state`'s objects; the settings and the
-scheduler are not in them yet, so a restore from one starts the schedule again. The manifest of a
+Checkpoints hold the model, the optimizer's state and settings, the scheduler and `state`'s objects, so a
+restore from one goes on with the schedule. The manifest of a
 layout no process holds yet comes from building the model on the meta device
 (migrate.manifest.stage_manifests, one per (pp, tp) rank), so only what changes owner moves.
 
