@@ -20,10 +20,17 @@ runs its own step; at every step boundary it hands control to the runtime:
             loss = job.model(batch(job.step, job.layout)).sum()
             job.optimizer.zero_grad(); loss.backward()
             job.reduce_gradients()                       # DP all-reduce (mean)
+            job.clip_grad_norm_(1.0)                     # optional: torch's clipping, by the whole model's norm
             job.optimizer.step()                         # applied by every rank or by none
             job.scheduler.step()
             if job.layout.rank == 0:
                 job.report_loss(loss)                    # the job's loss timeline (elastic history, dashboard)
+
+`job.clip_grad_norm_(max_norm, norm_type=2.0)` is torch.nn.utils.clip_grad_norm_ for a model cut by the layout
+(torch's own fails on a tp_plan's mix of DTensor and plain parameters, and sees one pipeline stage): the
+total norm is the unsharded model's (TP pieces summed over the TP group, replicated ones counted once, stages
+summed over pp_group, DP replicas not summed), returned, and every gradient is scaled by
+min(1, max_norm / (total + 1e-6)) (launcher.runtime.clip).
 
 `job.layout` says where this process stands (launcher.runtime.layout.Layout): `pp`, `tp`, `dp` and
 their ranks, `rank`, `world_size`, `mesh` (a (pp, dp, tp) DeviceMesh), `tp_mesh`, `dp_group`,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from launcher.runtime import ckpt as runtime_ckpt
 from launcher.runtime import faults as runtime_faults
 from launcher.runtime.build import Builder
+from launcher.runtime.clip import clip_grad_norm_ as clip_grads
 from launcher.runtime.collector import CollectorHold
 from launcher.runtime.env import checkpoints_from_env, device_from_env, first_event_from_env
 from launcher.runtime.layout import Layout, device_mesh, parse_layout
@@ -142,6 +143,10 @@ class Job:
                 g = to_local(p.grad)
                 dist.all_reduce(g, group=self.layout.dp_group)
                 g.div_(self.layout.dp)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
+        """torch's clip_grad_norm_ for the layout's whole model (TP shards, PP stages): launcher.runtime.clip."""
+        return clip_grads(self.model.named_parameters(), self.layout, max_norm, norm_type, self._my_manifest())
 
     # -- consistent cuts and safety checkpoints -----------------------------------------------------
     def _boundary(self) -> None:
