@@ -13,7 +13,8 @@ Producers:
   * `plan_manifest(module, tp_plan, tp, tp_rank)`: the state of a layout no process holds yet, from
     the model built on the meta device and its `parallelize_module` plan (ColwiseParallel shards
     weight and bias along dim 0, RowwiseParallel the weight along dim 1 with the bias whole) --
-    the paper's meta-model approach, without a device mesh;
+    the paper's meta-model approach, without a device mesh; the optimizer's state is what the script's
+    optimizer factory creates (migrate.optim_state), any torch.optim class;
   * `stage_manifests(cfg, build_stage, tp_plan)`: every class (pp rank, tp rank) of a PP x DP x TP
     layout of any model, its pipeline stages built on the meta device;
   * `gpt_manifest(model, cfg, rank)`: the reference GPT (migrate.layout.ModelSpec).
