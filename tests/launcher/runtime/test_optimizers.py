@@ -10,7 +10,8 @@
 
 The classes are enumerated from torch.optim, so one torch adds is tested (or must be skipped here, with its
 reason). The optimizer's settings are the defaults but where the default keeps no state (SGD's momentum 0)
-or leaves state out (RMSprop's momentum and centered)."""
+or leaves state out (RMSprop's momentum and centered); fused and foreach implementations run the same
+tests (VARIANTS)."""
 from __future__ import annotations
 
 import inspect
@@ -32,8 +33,14 @@ CLASSES = sorted((c for c in vars(torch.optim).values() if inspect.isclass(c) an
                   and c is not torch.optim.Optimizer), key=lambda c: c.__name__)
 
 
-def _factory(cls):
-    return lambda params: cls(params, lr=0.01, **SETTINGS.get(cls.__name__, {}))
+#: fused and foreach implementations (torch's default on CPU is neither): the same state, other kernels
+VARIANTS = [(torch.optim.Adam, {"fused": True}), (torch.optim.AdamW, {"foreach": True}),
+            (torch.optim.SGD, {"fused": True}), (torch.optim.Adagrad, {"fused": True}),
+            (torch.optim.RMSprop, {"foreach": True})]
+
+
+def _factory(cls, variant: dict | None = None):
+    return lambda params: cls(params, lr=0.01, **SETTINGS.get(cls.__name__, {}), **(variant or {}))
 
 
 class Stack(nn.Module):
@@ -77,10 +84,12 @@ def _assert_same(got: dict, want: dict) -> None:
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
 
 
-@pytest.fixture(params=CLASSES, ids=lambda c: c.__name__)
+@pytest.fixture(params=[(c, {}) for c in CLASSES] + VARIANTS,
+                ids=lambda case: "-".join([case[0].__name__, *case[1]]))
 def optimizer(request):
-    if request.param.__name__ in SKIPPED:
-        pytest.skip(SKIPPED[request.param.__name__])
+    """(class, fused/foreach setting): each class of torch.optim, then VARIANTS."""
+    if request.param[0].__name__ in SKIPPED:
+        pytest.skip(SKIPPED[request.param[0].__name__])
     return request.param
 
 
@@ -92,7 +101,7 @@ def test_every_optimizer_with_state_is_covered() -> None:
 
 
 def test_the_planned_manifest_names_the_state_a_real_optimizer_holds(optimizer) -> None:
-    build, factory = _stage_builder(optimizer), _factory(optimizer)
+    build, factory = _stage_builder(optimizer[0]), _factory(*optimizer)
     lay = parse_layout("pp1", 0, 1)
     model = build(lay)
     opt = factory(model.parameters())
@@ -105,9 +114,9 @@ def test_the_planned_manifest_names_the_state_a_real_optimizer_holds(optimizer) 
 
 
 def test_state_moves_bit_exact_through_pipeline_splits(optimizer) -> None:
-    build, factory = _stage_builder(optimizer), _factory(optimizer)
+    build, factory = _stage_builder(optimizer[0]), _factory(*optimizer)
     builder = Builder(build, None, factory)
-    ref = Stack(bias=optimizer.__name__ != "Muon")
+    ref = Stack(bias=optimizer[0].__name__ != "Muon")
     ref_opt = factory(ref.parameters())  # plain torch: state created by its first real step
     pp2 = [builder.build(parse_layout("pp2", r, 2)) for r in range(2)]  # the runtime's fresh optimizers
     step = 0
