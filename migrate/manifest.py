@@ -13,7 +13,8 @@ Producers:
   * `plan_manifest(module, tp_plan, tp, tp_rank)`: the state of a layout no process holds yet, from
     the model built on the meta device and its `parallelize_module` plan (ColwiseParallel shards
     weight and bias along dim 0, RowwiseParallel the weight along dim 1 with the bias whole) --
-    the paper's meta-model approach, without a device mesh;
+    the paper's meta-model approach, without a device mesh; the optimizer's state is what the script's
+    optimizer factory creates (migrate.optim_state), any torch.optim class;
   * `stage_manifests(cfg, build_stage, tp_plan)`: every class (pp rank, tp rank) of a PP x DP x TP
     layout of any model, its pipeline stages built on the meta device;
   * `gpt_manifest(model, cfg, rank)`: the reference GPT (migrate.layout.ModelSpec).
@@ -25,7 +26,7 @@ Pure: torch is imported only by the producers that read modules.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,17 +206,22 @@ def module_manifest(module, optimizer=None) -> Manifest:
 #: parallelize_module style name -> (weight shard dim, bias shard dim) of an nn.Linear
 STYLE_DIMS = {"ColwiseParallel": (0, 0), "RowwiseParallel": (1, None)}
 
-#: optimizer name -> per-parameter state keys that have the parameter's shape, and scalar ones
-OPTIMIZER_STATE = {"adam": (("exp_avg", "exp_avg_sq"), ("step",)), "adamw": (("exp_avg", "exp_avg_sq"), ("step",)),
-                   "sgd": ((), ()), "sgd_momentum": (("momentum_buffer",), ())}
+def default_optimizer(params):
+    """The optimizer a manifest describes when its caller names none: torch.optim.Adam."""
+    import torch
+
+    return torch.optim.Adam(params)
 
 
 def plan_manifest(module, tp_plan: Mapping[str, object] | None, tp: int, tp_rank: int,
-                  optimizer: str | None = "adam") -> Manifest:
+                  optimizer: Callable | None = default_optimizer) -> Manifest:
     """The manifest of one TP rank of a layout that no process holds: `module` is the model (or
     its PP stage) built on the meta device, `tp_plan` its `parallelize_module` plan (module FQN ->
     ColwiseParallel()/RowwiseParallel() or their class names); parameters outside the plan are
-    replicated. Optimizer state follows the parameters (OPTIMIZER_STATE), scalars replicated."""
+    replicated. `optimizer(params)` is the script's optimizer factory (None: no optimizer state): its
+    per-parameter state is learnt from the optimizer itself (migrate.optim_state), each tensor shaped
+    like its parameter cut like it, every other one (a scalar `step`, Adafactor's factored moments of an
+    unsharded matrix) whole on every rank."""
     styles = {}
     for name, style in (tp_plan or {}).items():
         kind = style if isinstance(style, str) else type(style).__name__
@@ -223,7 +229,6 @@ def plan_manifest(module, tp_plan: Mapping[str, object] | None, tp: int, tp_rank
             raise ManifestError(f"tp plan: {name}: style {kind} (supported: {', '.join(STYLE_DIMS)})")
         styles[name] = STYLE_DIMS[kind]
     entries = []
-    params = dict(module.named_parameters())
     for fqn, t in module.state_dict().items():
         owner, _, leaf = fqn.rpartition(".")
         dims = styles.get(owner)
@@ -231,15 +236,36 @@ def plan_manifest(module, tp_plan: Mapping[str, object] | None, tp: int, tp_rank
         entries.append(ShardEntry(fqn, tuple(t.shape), _dtype_name(t.dtype), dim, tp_rank if dim is not None else 0,
                                   tp if dim is not None else 1))
     if optimizer is not None:
-        shaped, scalars = OPTIMIZER_STATE[optimizer]
-        for e in list(entries):
-            if e.fqn not in params:
-                continue  # a buffer
-            for key in shaped:
-                entries.append(ShardEntry(f"optim.state.{e.fqn}.{key}", e.shape, "float32", e.dim, e.index, e.count))
-            for key in scalars:
-                entries.append(ShardEntry(f"optim.state.{e.fqn}.{key}", (), "float32"))
+        entries += planned_optimizer_entries(module, {e.fqn: e for e in entries}, optimizer)
     return Manifest(tuple(entries))
+
+
+def planned_optimizer_entries(module, pieces: Mapping[str, ShardEntry], optimizer: Callable) -> list[ShardEntry]:
+    """`optim.state.<param>.<key>` of every parameter of `module` whose piece is `pieces[param]`, as
+    `optimizer(params)` keeps it (migrate.optim_state.state_shapes). What DTensor does with state shaped
+    otherwise than its sharded parameter is not known here: ManifestError (torch's own Adafactor cannot
+    step a DTensor matrix either)."""
+    from migrate.optim_state import StateError, state_shapes
+
+    named = list(module.named_parameters())
+    try:
+        shapes = state_shapes(named, optimizer)
+    except StateError as exc:
+        raise ManifestError(str(exc)) from None
+    out = []
+    for name, _p in named:
+        e = pieces[name]
+        for key, (shape, dtype) in shapes[name].items():
+            fqn = f"optim.state.{name}.{key}"
+            if shape == e.shape:
+                out.append(ShardEntry(fqn, shape, dtype, e.dim, e.index, e.count))
+            elif e.dim is None or shape == ():
+                out.append(ShardEntry(fqn, shape, dtype))
+            else:
+                raise ManifestError(f"{fqn}: shape {shape} for a parameter of shape {e.shape} sharded along dim "
+                                    f"{e.dim}: under TP live mode moves per-parameter state shaped like its "
+                                    "parameter, or scalars")
+    return out
 
 
 def meta_module(build, *args, **kwargs):
@@ -274,7 +300,7 @@ def layout_manifests(cfg, produce) -> list[Manifest]:
 
 
 def stage_manifests(cfg, build_stage, tp_plan: Mapping[str, object] | None,
-                    optimizer: str | None = "adam") -> list[Manifest]:
+                    optimizer: Callable | None = default_optimizer) -> list[Manifest]:
     """One manifest per class (pp rank * tp + tp rank) of layout `cfg` of any model: `build_stage(rank)`
     builds the pipeline stage of `rank` (under the whole model's FQNs), here on the meta device;
     `tp_plan` cuts it as in plan_manifest. DP replicas hold their class's manifest."""

@@ -20,16 +20,25 @@ runs its own step; at every step boundary it hands control to the runtime:
             loss = job.model(batch(job.step, job.layout)).sum()
             job.optimizer.zero_grad(); loss.backward()
             job.reduce_gradients()                       # DP all-reduce (mean)
+            job.clip_grad_norm_(1.0)                     # optional: torch's clipping, by the whole model's norm
             job.optimizer.step()                         # applied by every rank or by none
             job.scheduler.step()
             if job.layout.rank == 0:
                 job.report_loss(loss)                    # the job's loss timeline (elastic history, dashboard)
 
+`job.clip_grad_norm_(max_norm, norm_type=2.0)` is torch.nn.utils.clip_grad_norm_ for a model cut by the layout
+(torch's own fails on a tp_plan's mix of DTensor and plain parameters, and sees one pipeline stage): the
+total norm is the unsharded model's (TP pieces summed over the TP group, replicated ones counted once, stages
+summed over pp_group, DP replicas not summed), returned, and every gradient is scaled by
+min(1, max_norm / (total + 1e-6)) (launcher.runtime.clip).
+
 `job.layout` says where this process stands (launcher.runtime.layout.Layout): `pp`, `tp`, `dp` and
 their ranks, `rank`, `world_size`, `mesh` (a (pp, dp, tp) DeviceMesh), `tp_mesh`, `dp_group`,
 `pp_group`, `prev_rank`/`next_rank` (the neighbouring stages), `is_first_stage`/`is_last_stage`.
 The state that moves is the torch-native one: the model's `state_dict` (DTensor placements
-Shard(d)/Replicate from `tp_plan`), the optimizer's per-parameter state and its settings (each
+Shard(d)/Replicate from `tp_plan`), the optimizer's per-parameter state (any torch.optim optimizer: what
+it keeps is learnt by stepping the factory on zero-size probes, migrate.optim_state; LBFGS and SparseAdam
+are refused) and its settings (each
 parameter group's lr, betas, weight_decay, any key), the declared `scheduler`'s state, and every
 object in `state` (its `state_dict()`, e.g. a data position, an RNG). `job.optimizer` is one object
 from `join` on: each layout's parameters and state are put into it, so a scheduler or a wrapper made
@@ -37,8 +46,8 @@ on it keeps working across migrations. Declare the LR scheduler to `join` (`sche
 torch.optim.lr_scheduler, chained or sequential too) rather than making it on `job.optimizer` yourself:
 a worker that joins later gets the declared one's state handed over, a scheduler of its own would
 start from the beginning. `job.model` is each layout's own module (None until this worker trains).
-Checkpoints hold the model, the optimizer's state and `state`'s objects; the settings and the
-scheduler are not in them yet, so a restore from one starts the schedule again. The manifest of a
+Checkpoints hold the model, the optimizer's state and settings, the scheduler and `state`'s objects, so a
+restore from one goes on with the schedule. The manifest of a
 layout no process holds yet comes from building the model on the meta device
 (migrate.manifest.stage_manifests, one per (pp, tp) rank), so only what changes owner moves.
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from launcher.runtime.layout import Layout, parse_layout
-from launcher.runtime.state import assemble, load_local, on_meta, optimizer_kind, stage_plan, to_local
+from launcher.runtime.state import assemble, load_local, on_meta, stage_plan, to_local
+from migrate.optim_state import record_creation, reset_to_created
 
 
 class Builder:
@@ -40,7 +41,8 @@ class Builder:
         saved = None if local is not None else {k: v.detach().clone() for k, v in module.state_dict().items()}
         for p in module.parameters():
             p.grad = torch.zeros_like(p)
-        opt.step()
+        with record_creation(opt) as created:
+            opt.step()
         opt.zero_grad(set_to_none=True)
         if saved is None:  # a migration's state overwrites every value: nothing to restore
             load_local(module, opt, local)
@@ -48,10 +50,7 @@ class Builder:
         with torch.no_grad():
             for k, v in module.state_dict().items():
                 to_local(v).copy_(to_local(saved[k]))
-        for st in opt.state.values():
-            for key, v in st.items():
-                if hasattr(v, "zero_"):
-                    to_local(v).zero_()
+        reset_to_created(opt, created)  # the state as torch creates it, before the zero step's update
         return module, opt
 
     def placeholder_optimizer(self):
@@ -72,7 +71,7 @@ class Builder:
         if self._produce is not None:
             return layout_manifests(cfg, lambda r: self._produce(parse_layout(layout, r, cfg.world_size)))
         return stage_manifests(cfg, lambda r: self.build_model(parse_layout(layout, r, cfg.world_size)),
-                               self.tp_plan, optimizer_kind(self.placeholder_optimizer()))
+                               self.tp_plan, self.build_opt)
 
     def manifests(self, layout: str) -> list:
         """Per-rank manifests of `layout` (no process needs to hold it)."""

@@ -8,7 +8,8 @@ needs (a job suspended on tp2dp2 resumes on tp2dp1). This holds the same for DTe
 (parallelize_module) and for models that shard themselves (the reference GPT's plain local shards),
 because both are described by their manifest; with pipeline parallelism each stage writes the FQNs
 it owns (they are global names, so a load on another split finds them). Beside them: every
-registered object's `state_dict()` and the number of finished steps. Folders follow
+registered object's `state_dict()` (`run.extras`), the optimizer's settings and the declared LR
+scheduler's state (`run.runtime`: a restore goes on with the schedule) and the number of finished steps. Folders follow
 launcher.wire.folders' convention: DIR/.tmp-step-<S> while it is written, renamed to DIR/step-<S> by
 rank 0 once every rank's part is on disk; a restore only ever reads a `step-<S>`.
 
@@ -57,9 +58,23 @@ def _pieces(local: Mapping[str, object], manifest, mesh, copy: bool = False) -> 
     return out
 
 
-def _state(local, manifest, mesh, extras: Mapping[str, object], step: int, copy: bool = False) -> dict:
+#: the prefix of the runtime's own registered objects (launcher.runtime.job: the optimizer's settings, the
+#: declared scheduler), written under `run.runtime` apart from the script's `run.extras`
+RUNTIME_PREFIX = "runtime."
+
+
+def _split(objects: Mapping[str, object]) -> tuple[dict, dict]:
+    """(the script's objects, the runtime's): a checkpoint's `run.extras` holds exactly what the script
+    registered, as it always did, so a reader of it (or a checkpoint written before) sees no change."""
+    runtime = {k: v for k, v in objects.items() if k.startswith(RUNTIME_PREFIX)}
+    return {k: v for k, v in objects.items() if k not in runtime}, runtime
+
+
+def _state(local, manifest, mesh, objects: Mapping[str, object], step: int, copy: bool = False) -> dict:
+    script, runtime = _split(objects)
     return {"state": _pieces(local, manifest, mesh, copy),
-            "run": {"step": step, "extras": pickle.dumps({k: v.state_dict() for k, v in extras.items()})}}
+            "run": {"step": step, "extras": pickle.dumps({k: v.state_dict() for k, v in script.items()}),
+                    "runtime": pickle.dumps({k: v.state_dict() for k, v in runtime.items()})}}
 
 
 def save(root: str, local: Mapping[str, object], manifest, mesh, extras: Mapping[str, object], step: int,
@@ -196,17 +211,25 @@ def _write(fut: Future, state: dict, writer, group) -> None:
         fut.set_result(None)
 
 
-def load(path: str, local: Mapping[str, object], manifest, mesh, extras: Mapping[str, object]) -> int:
-    """Fill `local` (views of the model's and optimizer's tensors, built for this layout) and `extras` from
-    the checkpoint `path`; every rank of the training world calls it. Returns the step it holds."""
+def load(path: str, local: Mapping[str, object], manifest, mesh, objects: Mapping[str, object]) -> int:
+    """Fill `local` (views of the model's and optimizer's tensors, built for this layout) and `objects` from
+    the checkpoint `path`; every rank of the training world calls it. Returns the step it holds. The runtime's
+    objects (the optimizer's settings, the scheduler: RUNTIME_PREFIX) are restored where the checkpoint has
+    them, so the LR schedule goes on; a checkpoint written before it held them leaves them as they are."""
     import torch.distributed.checkpoint as dcp
 
-    state = {"state": _pieces(local, manifest, mesh), "run": {"step": 0, "extras": b""}}
+    script, runtime = _split(objects)
+    run = {"step": 0, "extras": b""}
+    if "run.runtime" in dcp.FileSystemReader(path).read_metadata().state_dict_metadata:
+        run["runtime"] = b""
+    state = {"state": _pieces(local, manifest, mesh), "run": run}
     dcp.load(state, checkpoint_id=path)
-    saved = pickle.loads(state["run"]["extras"])
-    missing = sorted(set(extras) - set(saved))
+    saved = pickle.loads(run["extras"])
+    missing = sorted(set(script) - set(saved))
     if missing:
         raise RuntimeError(f"checkpoint {path} holds no state for the registered objects {missing}")
-    for k, obj in extras.items():
-        obj.load_state_dict(saved[k])
+    kept = pickle.loads(run["runtime"]) if "runtime" in run else {}
+    for k, obj in {**script, **runtime}.items():
+        if k in saved or k in kept:
+            obj.load_state_dict(saved[k] if k in saved else kept[k])
     return int(state["run"]["step"])

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from launcher.runtime import ckpt as runtime_ckpt
 from launcher.runtime import faults as runtime_faults
 from launcher.runtime.build import Builder
+from launcher.runtime.clip import clip_grad_norm_ as clip_grads
 from launcher.runtime.collector import CollectorHold
 from launcher.runtime.env import checkpoints_from_env, device_from_env, first_event_from_env
 from launcher.runtime.layout import Layout, device_mesh, parse_layout
@@ -73,9 +74,8 @@ class Job:
         runtime_faults.install_commit(self.optimizer, self._vote)
 
     def _carry(self, settings: OptimizerSettings, scheduler) -> None:
-        """The objects a migration hands over and a step that failed takes back: the script's, the optimizer's
-        settings and the scheduler. Checkpoints hold the script's alone (`extras`), as before: a restore
-        reads checkpoints written without the others."""
+        """The objects a migration hands over, a step that failed takes back and a checkpoint holds: the script's,
+        the optimizer's settings and the scheduler (launcher.runtime.ckpt keeps the runtime's two apart)."""
         own = {"runtime.optimizer": settings, "runtime.scheduler": scheduler}
         taken = sorted(set(own) & set(self.extras))
         if taken:
@@ -145,6 +145,10 @@ class Job:
                 dist.all_reduce(g, group=self.layout.dp_group)
                 g.div_(self.layout.dp)
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
+        """torch's clip_grad_norm_ for the layout's whole model (TP shards, PP stages): launcher.runtime.clip."""
+        return clip_grads(self.model.named_parameters(), self.layout, max_norm, norm_type, self._my_manifest())
+
     # -- consistent cuts and safety checkpoints -----------------------------------------------------
     def _boundary(self) -> None:
         """Between two steps: the heartbeat, the registered objects' state (to take back if the next step
@@ -162,7 +166,7 @@ class Job:
             self._saved = self.step
             with self.guard():
                 self.safety.start(self.step, self.layout.rank, state_views(self.model, self.optimizer),
-                                  self._my_manifest(), self.layout.dp_tp_mesh, self.extras)
+                                  self._my_manifest(), self.layout.dp_tp_mesh, self.carried)
 
     def _vote(self) -> None:
         """The optimizer's pre-step hook: apply this step only if every rank of the world does."""
@@ -196,7 +200,7 @@ class Job:
     def _save_checkpoint(self) -> str:
         """This rank's part of a checkpoint of the current step (every rank of the world calls it)."""
         return runtime_ckpt.save(self.ckpt_dir, state_views(self.model, self.optimizer), self._my_manifest(),
-                                 self.layout.dp_tp_mesh, self.extras, self.step, self.layout.rank)
+                                 self.layout.dp_tp_mesh, self.carried, self.step, self.layout.rank)
 
     def _extras_state(self) -> dict:
         return {k: copy.deepcopy(v.state_dict()) for k, v in self.carried.items()}
@@ -234,7 +238,7 @@ class Job:
             try:
                 self.step = self._committed = self._saved = runtime_ckpt.load(
                     path, state_views(self.model, self.optimizer), self._my_manifest(), self.layout.dp_tp_mesh,
-                    self.extras)
+                    self.carried)
             except runtime_ckpt.failures() as exc:
                 self.ctl.set_result(ev["epoch"], self.device, {"ok": False, "error": f"device {self.device}: "
                                     f"loading {path} failed: {type(exc).__name__}: {exc}", "phases": {}})
@@ -355,7 +359,7 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
     scheduler(optimizer) -> an LR scheduler (any torch.optim.lr_scheduler, chained or sequential too):
     made on `job.optimizer` as `job.scheduler`, its state moved with the optimizer's settings by every
     migration (a scheduler made outside it would not be: a worker that joins later would start it from
-    the beginning); checkpoints do not hold either yet, so a restore starts them again;
+    the beginning); checkpoints hold both, so a restore goes on with the schedule;
     manifest(layout) -> migrate.manifest.Manifest: for a model that shards itself (its parameters are plain
     tensors holding its TP shard, Megatron-style, e.g. migrate.gpt_live), what the rank `layout.rank` of a
     layout holds (called for layouts no process holds yet too); without it the runtime derives it from

@@ -106,17 +106,6 @@ def load_local(model, opt, local: Mapping) -> None:
                     to_local(v).copy_(local[f"optim.state.{names[id(p)]}.{key}"])
 
 
-def optimizer_kind(opt) -> str:
-    """The name migrate.manifest knows `opt`'s per-parameter state by."""
-    from migrate.manifest import OPTIMIZER_STATE
-
-    name = type(opt).__name__.lower()
-
-    if name not in OPTIMIZER_STATE:
-        raise RuntimeError(f"optimizer {name}: live mode knows the state of {', '.join(OPTIMIZER_STATE)}")
-    return name
-
-
 def dumps(obj) -> bytes:
     import torch
 

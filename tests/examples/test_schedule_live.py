@@ -4,13 +4,17 @@ a SequentialLR declared to `runtime.join(scheduler=...)`. Oracle: the same scrip
 The lr of every step is the uninterrupted run's bit for bit (the schedule's arithmetic is the same on every
 layout); so is the loss up to the first migration, and after it within float noise (a dp1 layout sums the
 gradient in another order). Before the runtime carried the optimizer's settings the lr after the first
-migration was the optimizer factory's (1e-2) instead of the schedule's."""
+migration was the optimizer factory's (1e-2) instead of the schedule's. A restore from a safety checkpoint
+(`elastic-launch --resume`) goes on with the schedule too: the checkpoint holds the optimizer's settings and
+the scheduler (launcher.runtime.ckpt's run.runtime); the oracle is the schedule stepped alone in this process."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
+from tests.examples import schedule_script
 from tests.examples.harness import mixer_rows, run_local, shrink_and_grow
 
 SCRIPT = "../tests/examples/schedule_script.py"  # run_local runs examples/<script>
@@ -40,3 +44,25 @@ def test_the_lr_schedule_and_the_loss_curve_survive_a_shrink_and_a_grow(tmp_path
     first = moved[0]  # rows[first] is the first step on the shrunk layout
     assert [r[3] for r in rows[:first]] == [r[3] for r in want_rows[:first]]  # bit-equal before any migration
     assert [r[3] for r in rows] == pytest.approx([r[3] for r in want_rows], rel=1e-4)
+
+
+def test_a_restore_from_a_safety_checkpoint_goes_on_with_the_schedule(tmp_path: Path) -> None:
+    # tp2 on one node, a checkpoint every 4 steps (the last of 10 is step 8's); then --resume on one device
+    # runs steps 9..16: their lr is the schedule's, as the optimizer's settings and the scheduler came back
+    # from the checkpoint (before, the resumed run started the schedule again: lr 1e-3 at step 9)
+    lr_log = tmp_path / "lr.log"
+    for launch, steps in ((["--layouts", "tp2", "--checkpoint-every", "4"], 10),
+                          (["--resume", "--gpus-per-node", "1", "--layouts", "pp1", "--checkpoint-every", "0"], 16)):
+        run_local(tmp_path, ["--gpus-per-node", "2", "--nnodes", "1", "--job-name", "ck", "--checkpoint-dir",
+                             str(tmp_path / "ck"), *launch],
+                  [SCRIPT, "--steps", str(steps), "--log", str(tmp_path / "steps.log"), "--lr-log", str(lr_log)],
+                  lambda alive: None)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=schedule_script.LR)  # the schedule, alone
+    sched, want = schedule_script.schedule(opt), []
+    for _ in range(16):
+        want.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    lines = [line.split() for line in lr_log.read_text().splitlines()]
+    assert [int(s) for s, _lr in lines] == list(range(1, 11)) + list(range(9, 17)), lines
+    assert [float(lr) for _s, lr in lines] == [want[int(s) - 1] for s, _lr in lines]

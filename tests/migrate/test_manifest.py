@@ -93,7 +93,16 @@ def test_meta_manifest_of_a_tp_layout() -> None:
     assert got["optim.state.up.bias.step"] == (None, 0, 1, ())
 
 
-def _real_manifest(rank: int, port: int, q) -> None:
+#: optimizers whose state the meta manifest is checked against under TP: Adam's, RMSprop's three
+#: parameter-shaped tensors, ASGD's scalar tensors (plain tensors beside the DTensor parameters)
+OPTIMIZERS = {"Adam": {}, "RMSprop": {"momentum": 0.9, "centered": True}, "ASGD": {}}
+
+
+def _optimizer(name: str):
+    return lambda params: getattr(torch.optim, name)(params, **OPTIMIZERS[name])
+
+
+def _real_manifest(name: str, rank: int, port: int, q) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -102,7 +111,7 @@ def _real_manifest(rank: int, port: int, q) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,))
     model = parallelize_module(Mixer(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    opt = torch.optim.Adam(model.parameters())
+    opt = _optimizer(name)(model.parameters())
     model(torch.randn(3, 8)).sum().backward()
     opt.step()
     q.put((rank, module_manifest(model, opt).to_list()))
@@ -110,14 +119,27 @@ def _real_manifest(rank: int, port: int, q) -> None:
     dist.destroy_process_group()
 
 
-def test_meta_manifest_equals_the_dtensor_state_real_processes_hold() -> None:
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_meta_manifest_equals_the_dtensor_state_real_processes_hold(name: str) -> None:
+    import functools
+
     from tests.migrate.spawned import run_spawned
 
-    got = run_spawned(_real_manifest, 2)
+    got = run_spawned(functools.partial(_real_manifest, name), 2)
     for r in range(2):
         real = {e.fqn: e for e in Manifest.from_list(got[r]).entries}
-        meta = {e.fqn: e for e in plan_manifest(meta_module(Mixer), TP_PLAN, 2, r).entries}
+        meta = {e.fqn: e for e in plan_manifest(meta_module(Mixer), TP_PLAN, 2, r, _optimizer(name)).entries}
         assert real == meta
+
+
+def test_state_not_shaped_like_its_tp_sharded_parameter_is_refused() -> None:
+    """Adafactor factors a matrix's second moment into a row and a column: what DTensor would make of them is
+    unknown (torch's Adafactor cannot step a DTensor matrix), so a TP layout is refused; tp 1 is fine."""
+    adafactor = lambda params: torch.optim.Adafactor(params)  # noqa: E731
+    with pytest.raises(ManifestError, match=r"optim.state.up.weight.col_var: shape \(1, 8\)"):
+        plan_manifest(meta_module(Mixer), TP_PLAN, 2, 0, adafactor)
+    got = plan_manifest(meta_module(Mixer), TP_PLAN, 1, 0, adafactor).by_fqn()
+    assert (got["optim.state.up.weight.row_var"].shape, got["optim.state.up.weight.col_var"].shape) == ((12, 1), (1, 8))
 
 
 class _Stack(nn.Module):
