@@ -9,7 +9,8 @@ from typing import Any
 
 
 def survival_of(spec: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """{"process": bool, "node": bool, "checkpoint_every": int | None} or None when not recorded.
+    """{"process": bool, "node": bool, "checkpoint_every": int | None, "node_note": str} or None when not
+    recorded; node_note says why a node's loss ends the job whatever the layout (e.g. no --no-kill).
     checkpoint_every is None when the spec does not say (then no claim about checkpoints is shown)."""
     if not isinstance(spec, Mapping):
         return None
@@ -21,4 +22,6 @@ def survival_of(spec: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     every = spec.get("checkpoint_every")
     ok = isinstance(every, int) and not isinstance(every, bool) and every >= 0
-    return {"process": process, "node": node, "checkpoint_every": every if ok else None}
+    note = said.get("node_note")
+    return {"process": process, "node": node, "checkpoint_every": every if ok else None,
+            "node_note": note if isinstance(note, str) else ""}

@@ -66,4 +66,5 @@ def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes
     if len(allocation.nodes) < min_nodes:
         raise UsageError(f"Slurm job {job_id} holds {len(allocation.nodes)} node(s), fewer than --nnodes minimum "
                          f"{min_nodes}")
-    return SlurmNodes(client, job_id, gpus_per_node, info=info, log_dir=log_dir, allocation=allocation), str(job_id)
+    return SlurmNodes(client, job_id, gpus_per_node, info=info, log_dir=log_dir, allocation=allocation,
+                      no_kill=client.no_kill(job_id)), str(job_id)

@@ -193,6 +193,20 @@ class NodeBackend(Protocol):
     def output_files(self, node: str, devices: Sequence[int]) -> list[Path]:
         """Where the output of these workers of `node` goes (none: to elastic-launch's own), for error messages."""
 
+    # why the loss of one node ends the whole job whatever its layout (e.g. a Slurm job without --no-kill), or None
+    node_loss_ends_job: str | None
+
+    # a collective failed and no worker is seen ending (launcher.loop.probe): was a whole node lost?
+    probe_s: float  # how long checking nodes may take, at most (the workers wait that long for the answer)
+
+    def unreachable(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Which of `nodes` are gone (crashed, powered off, cut off), each with what showed it; {} when the
+        backend sees every worker's end itself (local processes)."""
+
+    def forget(self, node: str) -> list[str]:
+        """`node` is gone: never start workers there again, take it out of the allocation as far as the
+        cluster lets (Slurm may have done so itself); returns notes for the log and audit."""
+
 
 def stop_handle(handle: NodeHandle, timeout: float) -> bool:
     """The common `NodeBackend.stop`: wait for the workers to end, kill them after `timeout` s."""

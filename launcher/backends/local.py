@@ -22,6 +22,8 @@ class LocalNodes:
     """`nodes` simulated nodes of `gpus_per_node` devices (or `node_gpus[i]` on node i: uneven
     nodes), every worker a process here."""
 
+    node_loss_ends_job = None  # a node is a group of processes here: its loss ends nothing else
+    probe_s = 3.0  # a local worker's end is seen at once: a node cannot vanish unseen here
     released_nodes_return = True  # a released simulated node can be started again
 
     def __init__(self, nodes: int, gpus_per_node: int, log_dir: Path | None = None,
@@ -52,6 +54,12 @@ class LocalNodes:
     def output_files(self, node: str, devices) -> list[Path]:
         """One log per worker."""
         return [] if self.log_dir is None else [self.log_dir / f"worker-dev{d}.log" for d in sorted(devices)]
+
+    def unreachable(self, nodes) -> dict[str, str]:
+        return {}  # every worker is a child process: its end is seen, nothing goes quiet unseen
+
+    def forget(self, node: str) -> list[str]:
+        return []
 
     @property
     def batch_node(self) -> str:

@@ -1,4 +1,5 @@
-"""`elastic testbed up|down|status [--root DIR] [--gpus 4,4,2,2]`: the local Slurm cluster.
+"""`elastic testbed up|down|status [--root DIR] [--gpus 4,4,2,2]`, `elastic testbed crash|revive NODE`: the
+local Slurm cluster, and a node crash on it (for trying what a job survives).
 
 The default shape is 4 nodes x 4 GPUs. `up --gpus 4,4,2,2` brings up nodes of different GPU counts
 with a partition per count (gpu4, gpu2) besides `debug`; a later plain `up` brings the default back.
@@ -19,11 +20,14 @@ from launcher.testbed.cluster import Testbed
 from launcher.testbed.config import DEFAULT_GPUS, DEFAULT_ROOT, parse_gpus
 from launcher.testbed.errors import TestbedError
 
-ACTIONS = ("up", "down", "status")
+ACTIONS = ("up", "down", "status", "crash", "revive")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=ACTIONS, help="bring the cluster up, down, or report its state")
+    parser.add_argument("action", choices=ACTIONS,
+                        help="bring the cluster up, down, or report its state; `crash NODE` kills a node's slurmd, "
+                             "step daemons and tasks as a crash would, `revive NODE` starts its slurmd again")
+    parser.add_argument("node", nargs="?", metavar="NODE", help="crash/revive only: the node, e.g. n2")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
                         help=f"folder holding all testbed state (default {DEFAULT_ROOT})")
     parser.add_argument("--gpus", default=None, metavar="G,G,...",
@@ -41,10 +45,14 @@ def run(args: argparse.Namespace) -> int:
         gpus = parse_gpus(args.gpus) if args.gpus is not None else DEFAULT_GPUS
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if (args.node is not None) != (args.action in ("crash", "revive")):
+        raise UsageError("crash and revive take one NODE (e.g. `elastic testbed crash n2`); the others take none")
     if args.action == "up" and os.geteuid() != 0:
         raise UsageError("the testbed starts slurmd, munged and MariaDB and must run as root")
     testbed = Testbed(root, gpus=gpus) if args.action == "up" else Testbed.as_running(root)
     try:
+        if args.action in _NODE_ACTIONS:
+            return _NODE_ACTIONS[args.action](testbed, args.node)
         return _ACTIONS[args.action](testbed)
     except TestbedError as exc:
         print(f"elastic testbed {args.action}: {exc}", file=sys.stderr)
@@ -76,4 +84,17 @@ def _status(testbed: Testbed) -> int:
     return 1
 
 
+def _crash(testbed: Testbed, node: str) -> int:
+    killed = testbed.crash_node(node)
+    print(f"{node} crashed: {len(killed)} process(es) killed; Slurm marks it NOT_RESPONDING, then DOWN, by its pings")
+    return 0
+
+
+def _revive(testbed: Testbed, node: str) -> int:
+    testbed.revive_node(node)
+    print(f"{node}: slurmd started again; Slurm takes it back into service when it registers")
+    return 0
+
+
 _ACTIONS = {"up": _up, "down": _down, "status": _status}
+_NODE_ACTIONS = {"crash": _crash, "revive": _revive}

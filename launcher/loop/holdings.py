@@ -2,6 +2,7 @@
 and the nodes it gives back. Shared by both modes, so a restart and a live move see the same nodes."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from launcher.backends import NodeBackend
@@ -70,8 +71,10 @@ class Holdings:
                                              -used.get(n, 0), self.index[n]))
 
     def survival(self, current):
-        """What the rank map `current` survives (launcher.policy.survival)."""
-        return survival(current.layout, current.devices, self.nodes_of())
+        """What the rank map `current` survives (launcher.policy.survival), on the allocation's terms: a Slurm
+        job without --no-kill ends when any node fails, whatever its replicas (NodeBackend.node_loss_ends_job)."""
+        said, ends = survival(current.layout, current.devices, self.nodes_of()), self.backend.node_loss_ends_job
+        return dataclasses.replace(said, node=False, node_note=ends) if ends else said
 
     def launch_spec(self, current) -> dict:
         """What the dashboard's dry run of a preempt needs without importing the launcher: the model,

@@ -281,21 +281,21 @@ class Launcher:
         return True
 
     def _poll_live(self) -> bool:
-        step = self.max_step()
-        if step != self.last_step:  # what `elastic jobs` shows
+        if (step := self.max_step()) != self.last_step:  # what `elastic jobs` shows
             self.last_step = step
             self.db.update_job(self.job_id, last_step=step)
         self.mode.pauses.settle(self.ctl, self.db, self.log)
         exited = self.workers.exited()
-        if exited and any(rc != 0 for rc in exited.values()):
-            out = recovery.recover(self.mode, {d: rc for d, rc in exited.items() if rc != 0})
+        dead = {d: rc for d, rc in exited.items() if rc != 0}
+        gone = {} if dead else self.mode.probe.gone(self.mode.world, list(self.current.devices))
+        if dead or gone:  # a worker ended badly, or a node vanished without its workers being seen to end
+            out = recovery.lose_nodes(self.mode, gone) if gone else recovery.recover(self.mode, dead)
             if not out.ok:
                 self.log(f"cannot recover: {out.message}; stopping the job")
                 self.workers.kill_all()
                 self.recorder.job_state("failed", why=out.message)
             return out.ok
-        devices = set(self.current.devices)
-        if devices and devices <= set(exited):  # the workers finished on their own (--steps)
+        if (devices := set(self.current.devices)) and devices <= set(exited):  # they finished on their own (--steps)
             self.log("workers finished")
             self.mode.post({"kind": "stop"})  # standby workers
             self.mode.finish_all("finished", timeout=30)

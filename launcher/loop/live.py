@@ -17,6 +17,7 @@ from launcher.loop import live_plan, suspend as suspending
 from launcher.loop.live_plan import LayoutError, ManifestError
 from launcher.loop.outcome import MigrationFailed, Outcome, TrainingEnded
 from launcher.loop.pauses import PendingPauses
+from launcher.loop.probe import NodeProbe
 from migrate.topology import RankMap
 
 
@@ -34,6 +35,7 @@ class LiveMode:
         self.restores = 0  # checkpoint restores after failures so far (count against --max-restarts)
         self.suspended = False
         self.ckpt_dir = ""  # the job's checkpoint folder (launcher.loop.start_request.checkpoint_dir)
+        self.probe = NodeProbe(workers.backend, self, holdings, self.log)  # a node gone without a word
 
     def max_step(self) -> int:
         devs = list(self.current.devices) if self.current else []

@@ -30,6 +30,25 @@ def recover(mode, dead: dict[int, int]) -> Outcome:
     return out
 
 
+#: the exit status recorded for the workers of a node found gone (they were never seen to end): SIGKILL's
+NODE_LOST_RC = 137
+
+
+def lose_nodes(mode, gone: dict[str, str]) -> Outcome:
+    """Whole nodes found gone (launcher.loop.probe: node -> what showed it): their workers count as dead,
+    the backend forgets the nodes (never used again, out of the allocation), then `recover`."""
+    dead: dict[int, int] = {}
+    for node, why in gone.items():
+        mode.recorder.log(f"{node} is gone ({why}): its workers are lost with it")
+        mode.recorder.audit("failure", f"{node} lost: {why}")
+        dead.update({d: NODE_LOST_RC for d in mode.holdings.node_devices(node) if d not in mode.workers.lost})
+        mode.workers.kill([node])
+        for note in mode.workers.backend.forget(node):
+            mode.recorder.log(note)
+            mode.recorder.audit("failure", note)
+    return recover(mode, dead)
+
+
 def on_failure(mode, dead: dict[int, int]) -> Outcome:
     """Re-plan from the surviving replicas, or restore from the safety checkpoint."""
     workers, holdings, rec = mode.workers, mode.holdings, mode.recorder

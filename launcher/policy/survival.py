@@ -24,13 +24,15 @@ class Survival:
 
     process: bool
     node: bool
+    node_note: str = ""  # why a node's loss ends the job whatever the layout (the allocation's own terms)
 
     def describe(self) -> str:
         say = {True: "survives", False: "does not survive"}
-        return f"{say[self.process]} the loss of any one process, {say[self.node]} the loss of any one node"
+        return (f"{say[self.process]} the loss of any one process, {say[self.node]} the loss of any one node"
+                + (f" ({self.node_note})" if self.node_note else ""))
 
-    def as_dict(self) -> dict[str, bool]:
-        return {"process": self.process, "node": self.node}
+    def as_dict(self) -> dict[str, bool | str]:
+        return {"process": self.process, "node": self.node, **({"node_note": self.node_note} if self.node_note else {})}
 
 
 def holders(layout, devices: Sequence[int]) -> dict[tuple[int, int], set[int]]:

@@ -1,4 +1,5 @@
-"""Gradient clipping by the global norm of a model cut by a layout (Job.clip_grad_norm_).
+"""Gradients of a model cut by a layout: averaged over the DP replicas (Job.reduce_gradients), and clipped
+by the global norm (Job.clip_grad_norm_).
 
 Why not torch.nn.utils.clip_grad_norm_: on the parameters a `tp_plan` leaves (DTensors beside the plain
 tensors of the modules outside the plan) it fails with "mixed torch.Tensor and DTensor", and on one rank
@@ -14,6 +15,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+
+from launcher.runtime.state import to_local
+
+
+def average_over_dp(params: Iterable, layout) -> None:
+    """Average the gradients of `params` over `layout`'s DP replicas (all-reduce, then divide)."""
+    import torch.distributed as dist
+
+    if layout.dp == 1:
+        return
+    for p in params:
+        if p.grad is not None:
+            g = to_local(p.grad)
+            dist.all_reduce(g, group=layout.dp_group)
+            g.div_(layout.dp)
 
 
 def clip_grad_norm_(named_params: Iterable, layout, max_norm: float, norm_type: float = 2.0, manifest=None):

@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping
 from launcher.runtime import ckpt as runtime_ckpt
 from launcher.runtime import faults as runtime_faults
 from launcher.runtime.build import Builder
-from launcher.runtime.clip import clip_grad_norm_ as clip_grads
+from launcher.runtime.clip import average_over_dp, clip_grad_norm_ as clip_grads
 from launcher.runtime.collector import CollectorHold
 from launcher.runtime.env import checkpoints_from_env, device_from_env, first_event_from_env
 from launcher.runtime.layout import Layout, device_mesh, parse_layout
 from launcher.runtime.migration import Migration
 from launcher.runtime.sockets import cut_collective_sockets
-from launcher.runtime.state import OptimizerSettings, export_local, rebind, state_views, to_local, unbind
+from launcher.runtime.state import OptimizerSettings, export_local, rebind, state_views, unbind
 from launcher.runtime.threads import GlooThreads, nice_from_env
 from launcher.runtime.worlds import Worlds, forget_old_meshes
 from launcher.wire.control import Control, WorldAborted
@@ -118,13 +118,13 @@ class Job:
 
     @contextlib.contextmanager
     def guard(self):
-        """Wrap each step's body in it: when another worker dies during the step, the step is abandoned
-        here (this worker keeps the state of the last committed step, see launcher.runtime.faults)
-        and the next `next_step()` waits for the launcher to recover the job. Any other error is raised."""
+        """Wrap each step's body in it: when another worker dies during the step, the step is abandoned here
+        (the state of the last committed step is kept, see launcher.runtime.faults) and the next `next_step()`
+        waits for the launcher to recover the job. Any other error is raised."""
         try:
             yield
         except Exception as exc:
-            if self.model is None or not runtime_faults.is_peer_failure(exc, self.ctl, self.world):
+            if self.model is None or not runtime_faults.is_peer_failure(exc, self.ctl, self.world, self._cut):
                 raise
             self._abandon(exc)
 
@@ -135,15 +135,7 @@ class Job:
 
     def reduce_gradients(self) -> None:
         """Average the gradients over the DP replicas (call after backward, before optimizer.step)."""
-        import torch.distributed as dist
-
-        if self.layout.dp == 1:
-            return
-        for p in self.model.parameters():
-            if p.grad is not None:
-                g = to_local(p.grad)
-                dist.all_reduce(g, group=self.layout.dp_group)
-                g.div_(self.layout.dp)
+        average_over_dp(self.model.parameters(), self.layout)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
         """torch's clip_grad_norm_ for the layout's whole model (TP shards, PP stages): launcher.runtime.clip."""
@@ -179,6 +171,9 @@ class Job:
         if self.layout.rank == 0 and self.step > 1:  # everybody is past the previous vote: drop its keys
             self.ctl.drop_step_votes(self.world, self.step - 2)
 
+    def _cut(self) -> None:
+        cut_collective_sockets(self.ctl.port)  # peers blocked on this worker fail at once
+
     def _abandon(self, exc: BaseException) -> None:
         """A peer failed this step: fail every peer still waiting on us, keep the last committed state."""
         self.log(f"step {self.step} failed ({type(exc).__name__}: {str(exc)[:200]}); state kept at step "
@@ -186,9 +181,10 @@ class Job:
         self.broken = True
         try:
             self.ctl.abort_world(self.world)
+            self.ctl.suspect(self.world, self.device, f"{type(exc).__name__}: {exc}")  # alive: see launcher.loop.probe
         except Exception:
             pass
-        cut_collective_sockets(self.ctl.port)
+        self._cut()
         if self.step != self._committed:  # the update was not applied: back to the boundary before it
             self.step = self._committed
             for k, obj in self.carried.items():

@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.testbed import crash
 from launcher.testbed.config import (
     DBD_PORT,
     DEFAULT_GPUS,
@@ -234,6 +235,28 @@ class Testbed:
         self._log("restarting slurmctld (state kept)")
         self._spawn(d)
         self.processes.wait("waiting for the restarted slurmctld to answer `scontrol ping`", self._ctld_answers, d)
+
+    def crash_node(self, node: str) -> list[int]:
+        """Kill `node` as a crash would (launcher.testbed.crash): its slurmd, then its step daemons and every
+        task on it, all with SIGKILL. Returns the pids killed; Slurm finds out only by its pings."""
+        if node not in self.nodes:
+            raise TestbedError(f"no node {node!r} on this testbed (its nodes: {', '.join(self.nodes)})")
+        slurmd = self._daemon(f"slurmd-{node}")
+        pid = self.processes.pid_of(slurmd)
+        killed = [pid] if pid is not None else []
+        crash.kill_all(killed)
+        stepds, tasks = crash.node_processes(node)
+        crash.kill_all(stepds + tasks)
+        self._log(f"crashed {node}: slurmd {pid or '(not running)'}, {len(stepds)} step daemon(s), {len(tasks)} task(s)")
+        return killed + stepds + tasks
+
+    def revive_node(self, node: str) -> None:
+        """Start a crashed node's slurmd again; with ReturnToService=2 Slurm takes the node back into
+        service once it registers."""
+        slurmd = self._daemon(f"slurmd-{node}")
+        if self.processes.pid_of(slurmd) is None:
+            self._log(f"reviving {node}")
+            self._spawn(slurmd)
 
     def _start_slurmds(self) -> None:
         self._log(f"starting {len(self.nodes)} slurmd ({', '.join(self.nodes)}; GPUs {','.join(map(str, self.gpus))})")

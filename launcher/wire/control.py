@@ -11,6 +11,8 @@ Everything the launcher and the workers say to each other goes through these key
   ev/<e>                 event e (JSON): start | migrate | stop, posted by the launcher
   ev/<e>/at              the step boundary at which event e applies, agreed by the workers
   ev/<e>/res/<dev>       what a participant of event e reports back (JSON)
+  suspect/<world>/<dev>  a worker's collective failed with no abort mark (its error); suspects/<world> counts them
+  probe/<world>          the launcher's answer: the seconds its check of the nodes may take, or "clear"
 
 Events are numbered 0, 1, 2 ... and every worker handles every event in order, so a worker
 started later (on a node the job grows onto) catches up by reading the events it missed.
@@ -314,6 +316,24 @@ class Control:
 
     def world_aborted(self, world: str) -> bool:
         return self.has(self.abort_key(world))
+
+    # -- a collective failed, no worker known dead: the launcher checks the nodes and answers on probe/<world>
+    def suspect(self, world: str, device: int, why: str) -> None:
+        """`device` saw a collective of `world` fail with no abort mark: a peer may be gone with its node."""
+        self.store.set(f"suspect/{world}/{device}", why[:300])
+        self.store.add(f"suspects/{world}", 1)
+
+    def suspects(self, world: str, devices: Iterable[int] | None = None) -> int | list[int]:
+        """How many suspicions `world` has (one round trip), or which of `devices` reported one."""
+        if devices is None:
+            return self.store.add(f"suspects/{world}", 0)
+        return sorted(self._values(f"suspect/{world}/", devices))
+
+    def set_probe(self, world: str, verdict: str) -> None:  # seconds the check may take, or "clear"
+        self.store.set(f"probe/{world}", verdict)
+
+    def probe(self, world: str) -> str | None:  # set_probe's last answer, if any
+        return self.store.get(k).decode() if self.has(k := f"probe/{world}") else None
 
     # -- what a migration hands over besides the tensors ---------------------------------------
     def hand_over(self, epoch: int, old_rank: int, objects: bytes, step: int) -> None:

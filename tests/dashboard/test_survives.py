@@ -59,3 +59,15 @@ def test_a_spec_that_does_not_say_it_plainly_shows_nothing(viewer: Any, store: S
     store.set_launch_spec(job.id, {**SPEC, "checkpoint_every": 100, "survives": survives})
     assert "survives" not in viewer.get(f"/jobs/{job.id}").text
     assert "survives" not in _row(viewer.get("/?show=all").text, job.id)
+
+
+def test_a_node_loss_the_allocation_itself_would_not_survive_says_why(viewer: Any, store: Store) -> None:
+    """A Slurm job submitted without --no-kill ends when any node fails, whatever its replicas: the launcher
+    records node false with the reason (Holdings.survival), and the page says the reason where it says ✗."""
+    job = store.find_job("llama")
+    why = "on Slurm the whole job ends when one of its nodes fails: it was submitted without --no-kill"
+    store.set_launch_spec(job.id, {**SPEC, "checkpoint_every": 0,
+                                   "survives": {"process": True, "node": False, "node_note": why}})
+    page = viewer.get(f"/jobs/{job.id}").text
+    assert _said(page) == "survives: one process ✓ , one node ✗ (no safety checkpoints)"
+    assert f'title="{why}"' in page

@@ -17,7 +17,9 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from launcher.backends.slurm.allocation import Allocation, parse_show_job_detail
 from launcher.backends.slurm.commands import (
+    build_batch_script_command,
     build_cancel_command,
+    build_node_states_command,
     build_sbatch_command,
     build_show_job_command,
     build_shrink_command,
@@ -26,6 +28,7 @@ from launcher.backends.slurm.commands import (
     build_squeue_command,
     build_srun_command,
     build_steps_command,
+    build_submit_line_command,
     env_outside_job,
     signal_name,
 )
@@ -33,12 +36,14 @@ from launcher.backends.slurm.hostlist import compress_hostlist
 from launcher.backends.slurm.parse import (
     JobInfo,
     NodeInfo,
+    parse_node_states,
     parse_sbatch_output,
     parse_scontrol_show_job,
     parse_sinfo_json,
     parse_slurm_version,
     parse_squeue_json,
     parse_step_on_node,
+    submitted_no_kill,
 )
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -90,6 +95,12 @@ class SlurmClient(Protocol):
     def signal_step_on(self, job_id: int, node: str, sig: int | str) -> str | None: ...
 
     def nodes(self) -> list[NodeInfo]: ...
+
+    def node_states(self, nodes: Sequence[str]) -> dict[str, tuple[str, bool]]: ...
+
+    def no_kill(self, job_id: int) -> bool | None: ...
+
+    def probe_node(self, job_id: int, node: str, timeout: float, het_group: int | None = None) -> str | None: ...
 
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
                    gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
@@ -153,6 +164,34 @@ class SlurmCommands:
 
     def nodes(self) -> list[NodeInfo]:
         return parse_sinfo_json(self._run(build_sinfo_command(), "listing nodes", _STATUS_HINT))
+
+    def node_states(self, nodes: Sequence[str]) -> dict[str, tuple[str, bool]]:
+        """node -> (state, answering) of `nodes` (slurm.parse.parse_node_states)."""
+        return parse_node_states(self._run(build_node_states_command(nodes), "reading node states", _STATUS_HINT))
+
+    def probe_node(self, job_id: int, node: str, timeout: float, het_group: int | None = None) -> str | None:
+        """Run one task (`true`) in job `job_id` on `node`; None when it ran, else what went wrong. A node
+        whose slurmd is gone fails the step's launch, or does not answer within `timeout` s."""
+        cmd = build_srun_command(job_id, [node], 1, 0, {}, ["true"], het_group=het_group)
+        try:
+            result = self.runner(cmd, input=None, env=self._env(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"a one-task step on it did not end within {timeout:.0f} s"
+        if result.returncode == 0:
+            return None
+        lines = [ln for ln in (result.stderr or "").splitlines() if ln.strip()]
+        return f"a one-task step on it failed ({lines[-1].strip() if lines else f'exit {result.returncode}'})"
+
+    def no_kill(self, job_id: int) -> bool | None:
+        """Whether Slurm keeps job `job_id` running when one of its nodes fails (parse.submitted_no_kill);
+        None when that cannot be read (no accounting, the script not readable)."""
+        found: list[str | None] = []
+        for cmd in (build_submit_line_command(job_id), build_batch_script_command(job_id)):
+            try:
+                found.append(self._run(cmd, f"reading how job {job_id} was submitted", _STATUS_HINT).strip() or None)
+            except SlurmError:
+                found.append(None)
+        return submitted_no_kill(found[0], found[1], os.environ)
 
     def version(self) -> tuple[int, int]:
         """The cluster tools' Slurm major.minor, e.g. (22, 5)."""

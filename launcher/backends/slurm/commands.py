@@ -104,6 +104,21 @@ def build_sinfo_command() -> list[str]:
     return ["sinfo", "--json"]
 
 
+def build_node_states_command(nodes: Sequence[str]) -> list[str]:
+    """One line per node: its name and state, `*` appended while it does not answer slurmctld's pings."""
+    return ["sinfo", "--noheader", "--Node", f"--nodes={compress_hostlist(nodes)}", "--format=%N %T"]
+
+
+def build_submit_line_command(job_id: int | str) -> list[str]:
+    """The sbatch command line a job was submitted with (accounting: slurmdbd keeps it)."""
+    return ["sacct", f"--jobs={job_id}", "--allocations", "--noheader", "--parsable2", "--format=SubmitLine"]
+
+
+def build_batch_script_command(job_id: int | str) -> list[str]:
+    """A batch job's script, printed to stdout."""
+    return ["scontrol", "write", "batch_script", str(job_id), "-"]
+
+
 def build_sbatch_command(script_path: str | Path | None = None,
                          extra_args: Sequence[str] = ()) -> list[str]:
     """`sbatch --parsable [args] [script]`; without a path the script comes on stdin."""
@@ -127,7 +142,8 @@ def build_companion_args(job_name: str, n: int, nodes: int, gpus_per_node: int, 
     the extra nodes as a second batch job in the same partition, with the same GPUs and tasks
     per node, and starts the workers on them as steps of that job. `exclude` keeps the
     companion off nodes the job already holds (the scheduler would otherwise pack it onto their
-    free cores). `--no-requeue`: a companion that lost a node must not come back on its own.
+    free cores). `--no-requeue`: a companion that lost a node must not come back on its own;
+    `--no-kill`: one of its nodes crashing must not take the others (launcher.loop.probe).
     """
     if nodes < 1:
         raise ValueError(f"build_companion_args: nodes must be >= 1, got {nodes}")
@@ -139,7 +155,7 @@ def build_companion_args(job_name: str, n: int, nodes: int, gpus_per_node: int, 
     args += [f"--nodes={nodes}", f"--gres=gpu:{gpus_per_node}", f"--ntasks-per-node={gpus_per_node}"]
     if exclude:
         args.append(f"--exclude={compress_hostlist(exclude)}")
-    args.append("--no-requeue")
+    args += ["--no-requeue", "--no-kill"]
     if output is not None:
         args.append(f"--output={output}")
     return args

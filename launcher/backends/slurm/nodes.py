@@ -34,6 +34,7 @@ from launcher.backends.slurm.commands import (
     build_shrink_command,
     build_srun_command,
 )
+from launcher.backends.slurm.health import find_gone
 from launcher.backends.slurm.parse import JobInfo, parse_task_end
 from launcher.backends.slurm.holdings import (
     COMPANION,
@@ -46,6 +47,14 @@ from launcher.backends.slurm.holdings import (
     keep_rank,
     plan_release,
 )
+
+#: why a node's crash ends the whole job, by what the allocation's --no-kill reads (SlurmClient.no_kill)
+NODE_LOSS_ENDS_JOB = {
+    False: "on Slurm the whole job ends when one of its nodes fails: it was submitted without --no-kill "
+           "(add `#SBATCH --no-kill` to the script)",
+    None: "on Slurm the whole job ends when one of its nodes fails unless it was submitted with --no-kill, which "
+          "could not be read back (no accounting, no batch script): add `#SBATCH --no-kill` to be sure",
+}
 
 # Slurm states of a job that will never run (again)
 ENDED_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -71,10 +80,12 @@ class SlurmNodes:
     what the job holds per component and node; without it every node of `info` has `gpus_per_node`."""
 
     released_nodes_return = False  # Slurm never gives a job its released nodes back
+    probe_s = 30.0  # node states, then a one-task step per quiet node (PROBE_STEP_S each, side by side)
 
     def __init__(self, slurm, job_id: int, gpus_per_node: int, info: JobInfo | None = None,
-                 log_dir: Path | None = None, allocation=None) -> None:
+                 log_dir: Path | None = None, allocation=None, no_kill: bool | None = True) -> None:
         self.slurm, self.job_id, self.gpus_per_node = slurm, job_id, gpus_per_node
+        self.node_loss_ends_job = None if no_kill else NODE_LOSS_ENDS_JOB[no_kill]
         self.info = info or slurm.job_info(job_id)
         self.log_dir = log_dir
         if allocation is not None:
@@ -207,6 +218,23 @@ class SlurmNodes:
                 print(f"[elastic-launch] signalling the step on {handle.node} through Slurm failed: {exc}; "
                       "signalling srun", file=sys.stderr, flush=True)
         handle.signal(sig)
+
+    # -- a node gone without a word (launcher.loop.probe) ------------------------------------------------
+    def unreachable(self, nodes: Sequence[str]) -> dict[str, str]:
+        return find_gone(self.slurm, nodes, self._step)
+
+    def forget(self, node: str) -> list[str]:
+        """`node` is gone: out of the job as far as Slurm lets (with --no-kill Slurm takes a DOWN node out
+        itself; until then a shrink does), and never used again."""
+        try:
+            notes = self.release([n for n in self.allocation() if n != node])
+            return [f"{node} taken out of the job's allocation", *notes]
+        except SlurmError as exc:
+            h = self.holder(node)
+            if h is not None:
+                self.holders[h.job_id] = dataclasses.replace(h, nodes=tuple(n for n in h.nodes if n != node))
+            return [f"taking {node} out of Slurm job {h.job_id if h else self.job_id} failed ({exc}); Slurm drops "
+                    "a DOWN node from a --no-kill job itself"]
 
     def keep_rank(self, node: str) -> int:
         """Nodes that cannot be given back first (slurm_holdings.keep_rank)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from launcher.backends.slurm.hostlist import expand_hostlist
@@ -139,6 +140,39 @@ def parse_sinfo_json(text: str) -> list[NodeInfo]:
         )
         for node in data.get("nodes", [])
     ]
+
+
+#: node states (sinfo's extended form, lower case, flags stripped) of a node the job can no longer use
+GONE_STATES = ("down", "fail", "failing", "unknown", "future", "power_down", "powered_down", "powering_down")
+
+
+def parse_node_states(text: str) -> dict[str, tuple[str, bool]]:
+    """`sinfo --Node --format="%N %T"` -> node -> (state, answering). A node listed in several partitions
+    appears once; `*` after the state means slurmctld's pings go unanswered."""
+    states: dict[str, tuple[str, bool]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            state = parts[1].lower()
+            states[parts[0]] = (state.rstrip("*~#!%$@^-"), not state.endswith("*"))
+    return states
+
+
+def submitted_no_kill(submit_line: str | None, script: str | None, env: Mapping[str, str]) -> bool | None:
+    """Whether a job was submitted with `--no-kill` (`-k`; `--no-kill=off` is the opposite), from what Slurm
+    22.05 keeps of it -- it shows the flag nowhere else: the sbatch command line (sacct's SubmitLine), the
+    batch script's #SBATCH lines, and SBATCH_NO_KILL in the submission environment the batch step inherits.
+    None when neither the command line nor the script could be read."""
+    if "SBATCH_NO_KILL" in env:
+        return env["SBATCH_NO_KILL"].lower() != "off"
+    if submit_line is None and script is None:
+        return None
+    words = (submit_line or "").split()
+    for line in (script or "").splitlines():
+        if line.startswith("#SBATCH"):
+            words += line[len("#SBATCH"):].split()
+    found = [w for w in words if w in ("-k", "--no-kill") or w.startswith("--no-kill=")]
+    return bool(found) and found[-1].lower() != "--no-kill=off"
 
 
 def state_str(state: Any) -> str:

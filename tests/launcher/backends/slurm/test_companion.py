@@ -62,7 +62,7 @@ def test_companion_command_asks_for_whole_nodes_like_the_job() -> None:
     cmd = build_companion_command("elastic-it", 2, 3, 4, "gpu", ["n1", "n2", "n5"])
     assert cmd[:2] == ["sbatch", "--parsable"]  # the script goes on stdin
     for flag in ("--job-name=elastic-it-companion-2", "--partition=gpu", "--nodes=3", "--gres=gpu:4",
-                 "--ntasks-per-node=4", "--exclude=n[1-2,5]", "--no-requeue"):
+                 "--ntasks-per-node=4", "--exclude=n[1-2,5]", "--no-requeue", "--no-kill"):
         assert flag in cmd
     assert companion_job_name("x", 7) == "x-companion-7"
 
@@ -182,7 +182,7 @@ def test_companion_that_never_starts_is_cancelled_and_the_grow_fails(slurm, tmp_
     la.handle_request(req)
     (sbatch, script), = [(c, i) for c, i in slurm.calls if c[0] == "sbatch"]
     assert sbatch == ["sbatch", "--parsable", "--job-name=elastic-it-companion-1", "--partition=debug", "--nodes=2",
-                      "--gres=gpu:2", "--ntasks-per-node=2", "--exclude=n[1-2]", "--no-requeue",
+                      "--gres=gpu:2", "--ntasks-per-node=2", "--exclude=n[1-2]", "--no-requeue", "--no-kill",
                       f"--output={tmp_path}/logs/companion-1-%j.out"]
     assert script == build_companion_script(5)
     assert slurm.commands("scancel") == [["scancel", "17"]]

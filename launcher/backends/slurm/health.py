@@ -1,0 +1,44 @@
+"""Is a node of the job gone? Asked when the job's collectives failed and no worker was seen ending
+(launcher.loop.probe): a crashed node's step just goes quiet, and Slurm's own pings notice a dead slurmd
+only SlurmdTimeout later (30 s on the testbed, 300 s by default).
+
+Two looks, the second only where the first says nothing: the node's state in Slurm (GONE_STATES, or `*`:
+pings unanswered), then a one-task step on it (`srun ... true`), which cannot start where slurmd is gone.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Sequence
+
+from launcher.backends.slurm.client import SlurmError
+from launcher.backends.slurm.parse import GONE_STATES
+
+PROBE_STEP_S = 15.0  # a one-task step on a node whose slurmd is gone: srun gives up after MessageTimeout (10 s)
+
+
+def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, dict]]) -> dict[str, str]:
+    """node -> what showed it gone, for the `nodes` that are. `step_of(node)` -> (srun --jobid, options) of
+    the job or component that holds it (its het_group). The steps run side by side."""
+    if not nodes:
+        return {}
+    gone: dict[str, str] = {}
+    try:
+        for n, (state, answering) in slurm.node_states(nodes).items():
+            if n in nodes and (state in GONE_STATES or not answering):
+                gone[n] = f"Slurm says it is {state}{'' if answering else ', not responding'}"
+    except SlurmError as exc:  # slurmctld busy: the steps below still tell
+        print(f"[elastic-launch] reading node states failed: {exc}", file=sys.stderr, flush=True)
+    found: dict[str, str | None] = {}
+
+    def probe(node: str) -> None:
+        job, opts = step_of(node)
+        found[node] = slurm.probe_node(job, node, PROBE_STEP_S, opts.get("het_group"))
+
+    threads = [threading.Thread(target=probe, args=(n,), daemon=True) for n in nodes if n not in gone]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(PROBE_STEP_S + 5)
+    gone.update({n: why for n, why in found.items() if why is not None})
+    return gone

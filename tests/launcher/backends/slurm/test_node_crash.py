@@ -1,0 +1,85 @@
+"""A node that really dies on the Slurm testbed: pp2dp2 on 2 nodes x 2 GPUs (`sbatch --no-kill`, resilient
+placement: one full replica per node), then the non-batch node crashes -- its slurmd, step daemons and
+workers killed at one instant (`elastic testbed crash`), so nothing tells srun or slurmctld.
+
+The survivors' all-reduces fail with "Connection closed by peer"; they post a suspicion instead of
+exiting, the launcher finds the node gone (its one-task step cannot start) and moves the job onto the
+batch node's replica: a succeeded, bit-exact `failure` migration, every committed step's loss equal to
+an uninterrupted run, no step repeated. Slurm never cancels the job and shows it without the node. The
+node comes back (`elastic testbed revive`), and `elastic resize` grows the job onto it again.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from launcher.backends.slurm.client import SlurmCommands
+from launcher.cli import main as elastic
+from tests.launcher.backends.slurm.test_chaos import _failures, _last_step, _workers
+from tests.launcher.backends.slurm.test_launch_slurm import _gone, _open, wait
+from tests.launcher.loop.test_faults import check_curve, read_losses
+from tests.paths import ROOT
+
+pytestmark = pytest.mark.slurm
+STEPS = 120
+
+
+def _all_idle(testbed) -> bool:
+    states = testbed.node_states()
+    return sorted(states) == sorted(testbed.nodes) and all(s == "idle" for s in states.values())
+
+
+def test_a_crashed_node_is_survived_from_replicas_and_the_job_grows_back_onto_it(slurm_testbed, tmp_path, capsys):
+    slurm = SlurmCommands(env=slurm_testbed.env())
+    url, loss_file = f"sqlite:///{tmp_path}/e.db", tmp_path / "loss.txt"
+    wait("every node idle", lambda: _all_idle(slurm_testbed), timeout=120)
+    script = f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=2 --gres=gpu:2 --no-kill --job-name=elastic-crash --output={tmp_path}/batch.out --chdir={tmp_path}
+export PYTHONPATH={ROOT}
+exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layouts pp2dp2,pp2dp1 --placement resilient \\
+    --checkpoint-every 0 --db {url} --log-dir {tmp_path}/logs -- python -m launcher.worker --layers 4 --hidden 128 \\
+    --vocab 512 --log-every 0 --loss-file {loss_file} --steps {STEPS} --step-sleep 0.25
+"""
+    job_id = slurm.submit(script)
+    crashed = None
+    try:
+        store = wait("the job in the database", lambda: _open(url), timeout=60)
+        job = wait("job registered", lambda: store.find_job("elastic-crash"), timeout=180)
+        batch = slurm.job_info(job_id).batch_host
+        wait("a few steps", lambda: _last_step(loss_file) >= 4, timeout=180)
+        procs = _workers(job_id)
+        assert sorted(map(len, procs.values())) == [2, 2], procs
+        crashed = next(n for n in procs if n != batch)
+        t0 = time.monotonic()
+        slurm_testbed.crash_node(crashed)
+        (mig,) = wait("the failure migration", lambda: _failures(store, job.id, 1), timeout=120)
+        took = time.monotonic() - t0
+        assert (mig.trigger, mig.status, mig.bit_exact) == ("failure", "succeeded", True), mig.error
+        assert (mig.from_layout, mig.to_layout) == ("pp2tp1dp2", "pp2tp1dp1")
+        at = _last_step(loss_file)
+        wait("steps after the recovery", lambda: _last_step(loss_file) >= at + 3, timeout=60)
+        with capsys.disabled():
+            print(f"\n[node crash] crash -> failure migration done: {took:.1f} s; training again at step {at}")
+        info = slurm.job_info(job_id)
+        assert info.state == "RUNNING" and info.nodes == [batch], info  # the job, without the crashed node
+        assert [n.state for n in store.list_nodes(job.id) if n.name == crashed] == ["failed"]
+
+        slurm_testbed.revive_node(crashed)
+        wait(f"{crashed} back in service", lambda: slurm_testbed.node_states().get(crashed) == "idle", timeout=90)
+        assert elastic(["resize", "elastic-crash", "--nodes", "2", "--db", url]) == 0
+        grow = wait("the grow", lambda: _failures(store, job.id, 2), timeout=150)[1]
+        assert (grow.trigger, grow.status, grow.bit_exact) == ("resize", "succeeded", True), grow.error
+        assert (grow.from_layout, grow.to_layout) == ("pp2tp1dp1", "pp2tp1dp2")
+        wait("the job to end", lambda: _gone(slurm, job_id), timeout=180)
+        assert store.find_job("elastic-crash").state == "finished"
+        check_curve(read_losses(loss_file), STEPS)
+    finally:
+        try:
+            slurm.cancel(job_id)
+        except Exception:
+            pass
+        if crashed is not None:
+            slurm_testbed.revive_node(crashed)
+            wait("every node idle again", lambda: _all_idle(slurm_testbed), timeout=120)
