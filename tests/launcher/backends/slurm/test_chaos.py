@@ -53,6 +53,18 @@ def _failures(store, job_id: int, count: int):
     return done if len(done) >= count else None
 
 
+def training_on_two_nodes(slurm, job_id: int, url: str, name: str, loss_file: Path):
+    """Once Slurm job `job_id` (elastic job `name`, 2 nodes x 2 workers) has trained a few steps:
+    (store, job record, batch node, node -> its workers' pids)."""
+    store = wait("the job in the database", lambda: _open(url), timeout=60)
+    job = wait("job registered", lambda: store.find_job(name), timeout=180)
+    batch = slurm.job_info(job_id).batch_host
+    wait("a few steps", lambda: _last_step(loss_file) >= 4, timeout=180)
+    procs = _workers(job_id)
+    assert sorted(map(len, procs.values())) == [2, 2], procs
+    return store, job, batch, procs
+
+
 def test_a_task_then_a_node_killed_recovered_from_replicas(slurm_testbed, tmp_path):
     slurm = SlurmCommands(env=slurm_testbed.env())
     url, loss_file = f"sqlite:///{tmp_path}/e.db", tmp_path / "loss.txt"
@@ -65,12 +77,7 @@ exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layout
 """
     job_id = slurm.submit(script)
     try:
-        store = wait("the job in the database", lambda: _open(url), timeout=60)
-        job = wait("job registered", lambda: store.find_job("elastic-chaos"), timeout=180)
-        batch = slurm.job_info(job_id).batch_host
-        wait("a few steps", lambda: _last_step(loss_file) >= 4, timeout=180)
-        procs = _workers(job_id)
-        assert sorted(map(len, procs.values())) == [2, 2], procs
+        store, job, batch, procs = training_on_two_nodes(slurm, job_id, url, "elastic-chaos", loss_file)
         other = next(n for n in procs if n != batch)
         os.kill(procs[batch][0], signal.SIGKILL)  # one task of the batch node's step
         first = wait("the first failure migration", lambda: _failures(store, job.id, 1), timeout=120)[0]

@@ -17,8 +17,8 @@ import pytest
 
 from launcher.backends.slurm.client import SlurmCommands
 from launcher.cli import main as elastic
-from tests.launcher.backends.slurm.test_chaos import _failures, _last_step, _workers
-from tests.launcher.backends.slurm.test_launch_slurm import _gone, _open, wait
+from tests.launcher.backends.slurm.test_chaos import _failures, _last_step, training_on_two_nodes
+from tests.launcher.backends.slurm.test_launch_slurm import _gone, wait
 from tests.launcher.loop.test_faults import check_curve, read_losses
 from tests.paths import ROOT
 
@@ -45,12 +45,7 @@ exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layout
     job_id = slurm.submit(script)
     crashed = None
     try:
-        store = wait("the job in the database", lambda: _open(url), timeout=60)
-        job = wait("job registered", lambda: store.find_job("elastic-crash"), timeout=180)
-        batch = slurm.job_info(job_id).batch_host
-        wait("a few steps", lambda: _last_step(loss_file) >= 4, timeout=180)
-        procs = _workers(job_id)
-        assert sorted(map(len, procs.values())) == [2, 2], procs
+        store, job, batch, procs = training_on_two_nodes(slurm, job_id, url, "elastic-crash", loss_file)
         crashed = next(n for n in procs if n != batch)
         t0 = time.monotonic()
         slurm_testbed.crash_node(crashed)
