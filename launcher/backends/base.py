@@ -199,9 +199,10 @@ class NodeBackend(Protocol):
     # a collective failed and no worker is seen ending (launcher.loop.probe): was a whole node lost?
     probe_s: float  # how long checking nodes may take, at most (the workers wait that long for the answer)
 
-    def unreachable(self, nodes: Sequence[str]) -> dict[str, str]:
+    def unreachable(self, nodes: Sequence[str], steps: bool = True) -> dict[str, str]:
         """Which of `nodes` are gone (crashed, powered off, cut off), each with what showed it; {} when the
-        backend sees every worker's end itself (local processes)."""
+        backend sees every worker's end itself (local processes). steps=False: the cluster's word only, nothing
+        started on the nodes (cheap enough to ask every few seconds)."""
 
     def forget(self, node: str) -> list[str]:
         """`node` is gone: never start workers there again, take it out of the allocation as far as the

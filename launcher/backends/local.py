@@ -55,7 +55,7 @@ class LocalNodes:
         """One log per worker."""
         return [] if self.log_dir is None else [self.log_dir / f"worker-dev{d}.log" for d in sorted(devices)]
 
-    def unreachable(self, nodes) -> dict[str, str]:
+    def unreachable(self, nodes, steps: bool = True) -> dict[str, str]:
         return {}  # every worker is a child process: its end is seen, nothing goes quiet unseen
 
     def forget(self, node: str) -> list[str]:

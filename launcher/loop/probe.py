@@ -15,12 +15,17 @@ fail and post theirs too. Here the launcher answers:
    state, then a one-task step on each); those are returned to the launcher, which recovers as from
    any node loss (from the DP replicas, else the safety checkpoint);
 4. nothing found gone within the backend's `probe_s`: answer "clear".
+
+Besides, every WATCH_S the backend is asked for the cluster's own word on the world's nodes (Slurm: a node
+DOWN, FAILing or not answering pings), without steps: a node that dies without cutting its peers'
+connections (power lost) blocks them in their collective until its timeout, and Slurm may say so first.
 """
 from __future__ import annotations
 
 import time
 
 SETTLE_S = 2.0  # after the first suspicion: the time survivors take to fail and post theirs
+WATCH_S = 10.0  # how often the cluster's own view of the nodes is read while nothing is suspected
 
 
 class NodeProbe:
@@ -37,6 +42,7 @@ class NodeProbe:
         self.started: float | None = None
         self.done = False
         self.asked: set[str] = set()  # nodes the backend already found reachable in this check
+        self.watched = float("-inf")  # when the backend was last asked about every node of the world
 
     def gone(self, world: str, devices: list[int]) -> dict[str, str]:
         """Nodes of `devices` (the training world's) found gone, with why; {} while nothing is (or nothing
@@ -46,6 +52,12 @@ class NodeProbe:
         if self.done:
             return {}
         now = time.monotonic()
+        if now - self.watched >= WATCH_S:  # the cluster's own word on the nodes, now and then
+            self.watched = now
+            said = self.backend.unreachable(list(dict.fromkeys(map(self.holdings.node_of, devices))), steps=False)
+            if said:
+                self.done = True
+                return said
         if self.started is None:
             if not self.ctl.suspects(world):
                 return {}

@@ -17,9 +17,10 @@ from launcher.backends.slurm.parse import GONE_STATES
 PROBE_STEP_S = 15.0  # a one-task step on a node whose slurmd is gone: srun gives up after MessageTimeout (10 s)
 
 
-def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, dict]]) -> dict[str, str]:
+def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, dict]] | None) -> dict[str, str]:
     """node -> what showed it gone, for the `nodes` that are. `step_of(node)` -> (srun --jobid, options) of
-    the job or component that holds it (its het_group). The steps run side by side."""
+    the job or component that holds it (its het_group); None: Slurm's word only, no step. The steps run
+    side by side."""
     if not nodes:
         return {}
     gone: dict[str, str] = {}
@@ -29,6 +30,8 @@ def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, d
                 gone[n] = f"Slurm says it is {state}{'' if answering else ', not responding'}"
     except SlurmError as exc:  # slurmctld busy: the steps below still tell
         print(f"[elastic-launch] reading node states failed: {exc}", file=sys.stderr, flush=True)
+    if step_of is None:
+        return gone
     found: dict[str, str | None] = {}
 
     def probe(node: str) -> None:

@@ -220,8 +220,8 @@ class SlurmNodes:
         handle.signal(sig)
 
     # -- a node gone without a word (launcher.loop.probe) ------------------------------------------------
-    def unreachable(self, nodes: Sequence[str]) -> dict[str, str]:
-        return find_gone(self.slurm, nodes, self._step)
+    def unreachable(self, nodes: Sequence[str], steps: bool = True) -> dict[str, str]:
+        return find_gone(self.slurm, nodes, self._step if steps else None)
 
     def forget(self, node: str) -> list[str]:
         """`node` is gone: out of the job as far as Slurm lets (with --no-kill Slurm takes a DOWN node out

@@ -25,10 +25,13 @@ class Holdings:
 class Backend:
     probe_s = 4.0
 
-    def __init__(self, gone=None) -> None:
-        self.gone, self.asked = dict(gone or {}), []
+    def __init__(self, gone=None, said=None) -> None:
+        self.gone, self.asked, self.said, self.watched = dict(gone or {}), [], dict(said or {}), []
 
-    def unreachable(self, nodes):
+    def unreachable(self, nodes, steps=True):
+        if not steps:  # the cluster's own word, every WATCH_S
+            self.watched.append(list(nodes))
+            return {n: why for n, why in self.said.items() if n in nodes}
         self.asked.append(list(nodes))
         return {n: why for n, why in self.gone.items() if n in nodes}
 
@@ -59,10 +62,18 @@ def _poll(p: NodeProbe, world: str, until: float):
     return {}
 
 
-def test_nothing_suspected_nothing_checked(ctl) -> None:
+def test_nothing_suspected_nothing_checked_but_the_clusters_word_now_and_then(ctl, monkeypatch) -> None:
+    monkeypatch.setattr(probe_module, "WATCH_S", 0.3)
     backend = Backend({"n2": "crashed"})
-    assert _poll(NodeProbe(backend, Mode(ctl), Holdings(), print), "w0", 0.5) == {}
+    assert _poll(NodeProbe(backend, Mode(ctl), Holdings(), print), "w0", 1) == {}
     assert backend.asked == [] and ctl.probe("w0") is None
+    assert 2 <= len(backend.watched) <= 5 and backend.watched[0] == ["n1", "n2"]
+
+
+def test_a_node_the_cluster_calls_down_is_gone_without_any_suspicion(ctl, monkeypatch) -> None:
+    monkeypatch.setattr(probe_module, "WATCH_S", 0.3)
+    backend = Backend(said={"n1": "Slurm says it is down, not responding"})
+    assert _poll(NodeProbe(backend, Mode(ctl), Holdings(), print), "w0", 2) == {"n1": "Slurm says it is down, not responding"}
 
 
 def test_the_quiet_devices_node_is_asked_about_and_found_gone(ctl) -> None:

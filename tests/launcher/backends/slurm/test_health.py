@@ -42,6 +42,12 @@ def test_slurms_word_first_then_a_step_on_the_rest() -> None:
     assert sorted(slurm.probed) == [(17, "n1", None), (17, "n2", 1)]  # n3 needed no step; n4 was not asked
 
 
+def test_the_cheap_look_starts_no_step() -> None:
+    slurm = Slurm(SINFO, {"n1": "would fail"})
+    assert find_gone(slurm, ["n1", "n3"], None) == {"n3": "Slurm says it is allocated, not responding"}
+    assert slurm.probed == []
+
+
 def test_without_slurmctlds_answer_the_steps_still_tell() -> None:
     slurm = Slurm(None, {"n2": "a one-task step on it did not end within 15 s"})
     assert find_gone(slurm, ["n1", "n2"], lambda n: (5, {})) == {"n2": "a one-task step on it did not end within 15 s"}
