@@ -8,7 +8,7 @@ demo:
 test:
 	scripts/bootstrap.sh
 	scripts/install-test-deps.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25
+	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadgroup
 
 bench:
 	scripts/bootstrap.sh

@@ -23,6 +23,7 @@ can recover from (DP = 1) restarts the workers from it, recording how many commi
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from launcher.backends import make_backend, shell_line
@@ -70,18 +71,29 @@ def check_allocation(opts: Options, backend) -> None:
         raise UsageError(f"--layouts/--nnodes on the allocation's nodes ({backend.describe()}): {exc}") from None
 
 
-def check_resumable(opts: Options, store) -> None:
+def check_resumable(opts: Options, store, slurm_job_id: str | None = None) -> None:
     """--resume with no checkpoint to go on from: a UsageError before any worker starts (else the workers
-    start, and the run fails only once they registered). Restart mode's scripts resume from their own."""
-    from launcher.loop.suspend import nothing_to_resume, resume_checkpoint
+    start, and the run fails only once they registered). Restart mode's scripts resume from their own.
+
+    A batch script Slurm requeued after its node failed resumes the job its previous run drove by itself
+    (launcher.loop.suspend.requeued_job); with nothing to resume from, that job ends as failed, saying why."""
+    from launcher.loop.suspend import nothing_to_resume, requeued_job, resume_checkpoint
     from launcher.loop.start_request import checkpoint_dir
 
+    requeued = None if opts.resume else requeued_job(store, opts.job_name, slurm_job_id)
+    if requeued is not None:
+        opts.resume, opts.requeued = True, int(os.environ["SLURM_RESTART_COUNT"])
     if not opts.resume or opts.mode == "restart":
         return
     ckpt_dir = checkpoint_dir(opts, store.url)
-    if resume_checkpoint(store.find_job(opts.job_name), ckpt_dir) is None:
+    if resume_checkpoint(store.find_job(opts.job_name), ckpt_dir, bool(opts.requeued)) is None:
+        why = nothing_to_resume(opts.job_name, ckpt_dir)
+        if requeued is not None:
+            why = (f"Slurm requeued job {opts.job_name} after its node failed, but {why}; start it again without "
+                   "--resume, and give it --checkpoint-every N to survive this")
+            store.set_job_state(requeued.id, "failed", why=why)
         store.close()
-        raise UsageError(nothing_to_resume(opts.job_name, ckpt_dir))
+        raise UsageError(why)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             dry_run(opts, backend, db_url(args.db))
             return 0
         store = open_store(args.db, create=True)
-        check_resumable(opts, store)
+        check_resumable(opts, store, slurm_job_id)
     except UsageError as exc:
         print(f"elastic-launch: error: {exc}", file=sys.stderr)
         return 2

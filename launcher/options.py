@@ -204,6 +204,7 @@ class Options:
     checkpoint_auto: bool = False  # no --checkpoint-every: the launcher decides again once it knows the node sizes
     placement: str = "packed"
     resume: bool = False
+    requeued: int = 0  # Slurm restarted the batch script after its node failed (launcher.loop.suspend.requeued_job)
     release_early: bool = False  # migrations free old tensors as they are sent (lower peak memory)
     node_gpus: tuple[int, ...] = ()  # local backend, uneven nodes: GPUs of each simulated node
     mode: str = "auto"  # live | restart | auto (restart until the workers join through launcher.runtime)

@@ -175,7 +175,7 @@ class Launcher:
         mode.record_survival()
         self.log(f"job {self.job_id}: {layout} on {len(devices)} devices of {','.join(nodes)}")
         if path:
-            finish_resume(mode, path, requests_)
+            finish_resume(mode, path, requests_, job if self.opts.requeued else None)
 
     # -- decisions: which nodes next ------------------------------------------------------------------
     def migrate_to(self, target: list[str], trigger: str, **how) -> Outcome:

@@ -8,21 +8,36 @@ new run gets and goes on at step S+1, as the same job in the database.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
 from db.liveness import lost_since
 from launcher.loop.outcome import MigrationFailed, Outcome
 from launcher.wire.folders import latest_checkpoint
 
 
-def resume_checkpoint(job, ckpt_dir: str) -> str | None:
+def resume_checkpoint(job, ckpt_dir: str, requeued: bool = False) -> str | None:
     """The checkpoint a resume starts from: the suspended `job`'s own (db.records.Job or None), else the
-    newest complete one in `ckpt_dir` (a lost job's launcher recorded its newest one: used when `ckpt_dir`
-    holds none); None when there is none."""
+    newest complete one in `ckpt_dir` (a lost or requeued job's launcher recorded its newest one: used when
+    `ckpt_dir` holds none); None when there is none."""
     recorded = job is not None and job.checkpoint_path and (Path(job.checkpoint_path) / ".metadata").exists()
     if recorded and job.state == "suspended":
         return job.checkpoint_path
     found = latest_checkpoint(ckpt_dir)
-    return found[0] if found else job.checkpoint_path if recorded and lost_since(job) else None
+    return found[0] if found else job.checkpoint_path if recorded and (lost_since(job) or requeued) else None
+
+
+def requeued_job(db, job_name: str, slurm_job_id: str | None, env=os.environ):
+    """The job this launcher's previous run drove, when Slurm restarted the batch script because its node
+    failed (`sbatch --requeue`: SLURM_RESTART_COUNT counts the restarts; the job id stays): the same name and
+    Slurm job, still recorded as running in live mode. Its previous launcher is gone with the node, however
+    fresh its last heartbeat. None otherwise."""
+    if not slurm_job_id or not (env.get("SLURM_RESTART_COUNT") or "0").isdigit() or \
+            int(env.get("SLURM_RESTART_COUNT") or 0) == 0 or env.get("SLURM_JOB_ID") != str(slurm_job_id):
+        return None
+    job = db.find_job(job_name)
+    ok = job is not None and job.state == "running" and str(job.slurm_job_id) == str(slurm_job_id)
+    return job if ok and job.mode == "live" else None
 
 
 def nothing_to_resume(job_name: str, ckpt_dir: str) -> str:
@@ -38,14 +53,15 @@ def resume_point(opts, recorder, ckpt_dir: str):
         if job is not None and job.state == "suspended" else []
     if not opts.resume and not requests:
         return None, None, []
-    path = resume_checkpoint(job, ckpt_dir)
+    path = resume_checkpoint(job, ckpt_dir, bool(opts.requeued))
     if path is None:
         raise MigrationFailed(nothing_to_resume(opts.job_name, ckpt_dir))
-    if job is not None and job.state != "suspended" and lost_since(job) is None:
+    if job is not None and job.state != "suspended" and lost_since(job) is None and not opts.requeued:
         job = None  # a finished or running job of that name: the resumed run is a new job
     if job is not None and job.state == "running":  # lost: nobody drives it, this launcher takes it over
-        recorder.log(f"taking over job {opts.job_name} (id {job.id}), lost since {lost_since(job):%Y-%m-%d %H:%M:%S} "
-                     f"UTC at step {job.last_step}")
+        why = (f"Slurm requeued its batch script after its node failed (restart {opts.requeued})" if opts.requeued
+               else f"lost since {lost_since(job):%Y-%m-%d %H:%M:%S} UTC")
+        recorder.log(f"taking over job {opts.job_name} (id {job.id}), {why}, at step {job.last_step}")
     recorder.log(f"resuming job {opts.job_name} from {path}")
     return job, path, requests
 
@@ -66,8 +82,10 @@ def continue_job(recorder, holdings, opts, job, nodes: list[str], slurm_job_id) 
     db.set_job_state(job.id, "running")
 
 
-def finish_resume(mode, path: str, requests) -> None:
-    """Wait until every worker loaded the checkpoint `path` (event 0); answer the `resume` requests."""
+def finish_resume(mode, path: str, requests, requeued=None) -> None:
+    """Wait until every worker loaded the checkpoint `path` (event 0); answer the `resume` requests. A job
+    taken over after Slurm requeued it (`requeued`: its record before) gets a `requeue` migration in its
+    history, with the committed steps lost."""
     db, rec = mode.recorder.db, mode.recorder
     try:
         res = mode.results(0, list(mode.current.devices))
@@ -82,6 +100,23 @@ def finish_resume(mode, path: str, requests) -> None:
         db.complete_request(r.id, "done", msg)
     rec.audit("resume", msg)
     rec.log(msg)
+    if requeued is not None:
+        record_requeue(mode, requeued, path, step)
+
+
+def record_requeue(mode, job, path: str, step: int) -> None:
+    """The requeue as one migration: from the layout the job last ran to the one it resumed on, at the
+    checkpoint's step, the steps committed after it lost."""
+    rec, lost = mode.recorder, max(job.last_step - step, 0)
+    out = Outcome("requeue", False, "", from_layout=job.layout, to_layout=str(mode.current.layout),
+                  nodes_after=len(mode.workers.active))
+    rec.begin(out, {"restore_from": path, "step": step, "steps_before": job.last_step})
+    out.ok, out.at_step = True, step
+    out.message = f"requeued by Slurm after its node failed; resumed from checkpoint at step {step}: {lost} steps lost"
+    size = sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
+    rec.succeeded(out, checkpoint=size, error=out.message, steps_lost=lost)
+    rec.log(f"{out.from_layout} -> {out.to_layout}: {out.message}")
+    rec.keep(out)
 
 
 def suspend(mode, trigger: str) -> Outcome:
