@@ -15,7 +15,7 @@ import pytest
 from launcher.backends.slurm.client import SlurmCommands
 from tests.launcher.backends.slurm.test_chaos import _last_step, training_on_two_nodes
 from tests.launcher.backends.slurm.test_launch_slurm import wait
-from tests.launcher.backends.slurm.test_node_crash import _all_idle
+from tests.launcher.backends.slurm.test_node_crash import _all_idle, end_and_revive
 from tests.launcher.loop.test_faults import read_losses, reference_losses
 from tests.paths import ROOT
 
@@ -63,10 +63,4 @@ exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layout
         for (step, loss), ref in zip(sorted(losses.items()), reference_losses(STEPS)):
             assert abs(loss - ref) <= 1e-5 * abs(ref), f"step {step}: {loss} vs uninterrupted {ref}"
     finally:
-        try:
-            slurm.cancel(job_id)
-        except Exception:
-            pass
-        if crashed is not None:
-            slurm_testbed.revive_node(crashed)
-            wait("every node idle again", lambda: _all_idle(slurm_testbed), timeout=180)
+        end_and_revive(slurm, job_id, slurm_testbed, crashed)

@@ -71,10 +71,16 @@ exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layout
         assert store.find_job("elastic-crash").state == "finished"
         check_curve(read_losses(loss_file), STEPS)
     finally:
-        try:
-            slurm.cancel(job_id)
-        except Exception:
-            pass
-        if crashed is not None:
-            slurm_testbed.revive_node(crashed)
-            wait("every node idle again", lambda: _all_idle(slurm_testbed), timeout=120)
+        end_and_revive(slurm, job_id, slurm_testbed, crashed)
+
+
+def end_and_revive(slurm, job_id: int, testbed, crashed: str | None) -> None:
+    """Cancel the job, start the crashed node's slurmd again, and wait until every node is idle: the next
+    Slurm test starts on the whole testbed."""
+    try:
+        slurm.cancel(job_id)
+    except Exception:
+        pass
+    if crashed is not None:
+        testbed.revive_node(crashed)
+        wait("every node idle again", lambda: _all_idle(testbed), timeout=180)
