@@ -11,7 +11,7 @@ from flask import Blueprint, Flask, Response, abort, current_app, g, render_temp
 from dashboard import charts
 from dashboard.auth import audit
 from dashboard.deps import is_htmx, store
-from dashboard.survival import survival_of
+from db.survival import survival_of
 from db.liveness import lost_since, resume_hint, shown_state
 from db.exports import RANK_MAP_COLUMNS, rank_map_rows, write_csv
 from db.filters import MAX_LIMIT, parse_history_filters, parse_int

@@ -13,7 +13,8 @@ import sys
 
 from launcher.commands.history import add_db_argument, format_table, open_store
 
-COLUMNS = ("id", "name", "slurm_job_id", "state", "mode", "layout", "nodes", "last_step", "why", "lost_since")
+COLUMNS = ("id", "name", "slurm_job_id", "state", "mode", "layout", "nodes", "last_step", "survives", "why",
+           "lost_since")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,9 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def rows(store, state: str | None = None) -> list[dict]:
-    """One flat dict per job (COLUMNS); nodes: the nodes the job holds and runs on now; why: why a failed
-    job failed, as the launcher said (else None)."""
+    """One flat dict per job (COLUMNS); nodes: the nodes the job holds and runs on now; survives: what its
+    layout and allocation survive as the launcher last said (db.survival; None when not recorded); why: why
+    a failed job failed, as the launcher said (else None)."""
     from db.liveness import lost_since, resume_hint, shown_state
+    from db.survival import survival_of
 
     out = []
     for job in store.list_jobs(state):
@@ -35,15 +38,19 @@ def rows(store, state: str | None = None) -> list[dict]:
         nodes = [n.name for n in store.list_nodes(job.id) if n.state == "active"]
         out.append({"id": job.id, "name": job.name, "slurm_job_id": job.slurm_job_id, "state": shown_state(job),
                     "mode": job.mode, "layout": job.layout, "nodes": nodes, "last_step": job.last_step,
+                    "survives": survival_of(store.launch_spec(job.id)),
                     "why": store.why_failed(job.id) if job.state == "failed" else resume_hint(job) if lost else None,
                     "lost_since": lost.isoformat() if lost else None})
     return out
 
 
 def _table(items: list[dict]) -> str:
-    header = ["ID", "NAME", "SLURM", "STATE", "MODE", "LAYOUT", "NODES", "STEP"]
+    from db.survival import survival_words
+
+    header = ["ID", "NAME", "SLURM", "STATE", "MODE", "LAYOUT", "NODES", "STEP", "SURVIVES"]
     body = [[str(r["id"]), r["name"], r["slurm_job_id"] or "-", r["state"], r["mode"], r["layout"],
-             ",".join(r["nodes"]) or "-", "-" if r["last_step"] is None else str(r["last_step"])] for r in items]
+             ",".join(r["nodes"]) or "-", "-" if r["last_step"] is None else str(r["last_step"]),
+             survival_words(r["survives"])] for r in items]
     return format_table(header, body, [_below(r) for r in items])
 
 

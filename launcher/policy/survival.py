@@ -25,14 +25,17 @@ class Survival:
     process: bool
     node: bool
     node_note: str = ""  # why a node's loss ends the job whatever the layout (the allocation's own terms)
+    batch: bool | None = None  # the node running elastic-launch lost: requeued, resumed from a safety checkpoint
 
     def describe(self) -> str:
         say = {True: "survives", False: "does not survive"}
-        return (f"{say[self.process]} the loss of any one process, {say[self.node]} the loss of any one node"
+        text = (f"{say[self.process]} the loss of any one process, {say[self.node]} the loss of any one node"
                 + (f" ({self.node_note})" if self.node_note else ""))
+        return text + ("" if self.batch is None else f", {say[self.batch]} the loss of the batch node")
 
     def as_dict(self) -> dict[str, bool | str]:
-        return {"process": self.process, "node": self.node, **({"node_note": self.node_note} if self.node_note else {})}
+        return {"process": self.process, "node": self.node, **({"node_note": self.node_note} if self.node_note else {}),
+                **({} if self.batch is None else {"batch": self.batch})}
 
 
 def holders(layout, devices: Sequence[int]) -> dict[tuple[int, int], set[int]]:

@@ -45,6 +45,10 @@ def test_job_page_and_row_show_what_the_layout_survives(viewer: Any, store: Stor
      "survives: one process ✓ , one node ✗ (no safety checkpoints)"),
     ({"checkpoint_every": 0, "survives": {"process": True, "node": True}}, "survives: one process ✓ , one node ✓"),
     ({"survives": {"process": False, "node": False}}, "survives: one process ✗ , one node ✗"),  # interval not said
+    ({"checkpoint_every": 10, "survives": {"process": True, "node": True, "batch": True}},
+     "survives: one process ✓ , one node ✓ , batch node ✓ (safety checkpoints every 10 steps)"),
+    ({"checkpoint_every": 0, "survives": {"process": True, "node": True, "batch": False}},
+     "survives: one process ✓ , one node ✓ , batch node ✗ (no safety checkpoints)"),
 ])
 def test_checkpoint_remark_follows_the_spec(viewer: Any, store: Store, extra: dict, said: str) -> None:
     job = store.find_job("llama")

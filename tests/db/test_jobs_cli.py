@@ -21,6 +21,7 @@ def url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     s = Store(u)
     live = s.create_job("gpt", "pp2tp1dp1", 1, 2, slurm_job_id="77", pinned_node="n1", nodes=["n1", "n2"])
     s.update_job(live, last_step=42)
+    s.set_launch_spec(live, {"survives": {"process": True, "node": False, "batch": True}, "checkpoint_every": 50})
     s.create_job("ddp", "pp1tp1dp2", 1, 2, nodes=["node0", "node1"], mode="restart")
     old = s.create_job("old", "pp1tp1dp1", 1, 1, nodes=["x"])
     s.set_job_state(old, "stopped")
@@ -32,9 +33,10 @@ def url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
 def test_jobs_table_lists_mode_nodes_and_last_step(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["jobs", "--db", url]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "NAME", "SLURM", "STATE", "MODE", "LAYOUT", "NODES", "STEP"]
-    assert lines[1].split() == ["1", "gpt", "77", "running", "live", "pp2tp1dp1", "n1,n2", "42"]
-    assert lines[2].split() == ["2", "ddp", "-", "running", "restart", "pp1tp1dp2", "node0,node1", "-"]
+    assert lines[0].split() == ["ID", "NAME", "SLURM", "STATE", "MODE", "LAYOUT", "NODES", "STEP", "SURVIVES"]
+    assert lines[1].split() == ["1", "gpt", "77", "running", "live", "pp2tp1dp1", "n1,n2", "42", "process", "✓",
+                                "node", "✗", "batch", "✓"]
+    assert lines[2].split() == ["2", "ddp", "-", "running", "restart", "pp1tp1dp2", "node0,node1", "-", "-"]
     assert lines[3].split()[:4] == ["3", "old", "-", "stopped"]
 
 
@@ -44,6 +46,8 @@ def test_jobs_json_and_state_filter(url: str, capsys: pytest.CaptureFixture[str]
     got = json.loads(capsys.readouterr().out)
     assert [(j["name"], j["mode"], j["last_step"], j["nodes"]) for j in got] == [
         ("gpt", "live", 42, ["n1", "n2"]), ("ddp", "restart", None, ["node0", "node1"])]
+    assert got[0]["survives"] == {"process": True, "node": False, "batch": True, "checkpoint_every": 50,
+                                  "node_note": ""} and got[1]["survives"] is None
     assert main(["jobs", "--db", url, "--state", "finished"]) == 0
     assert "no jobs in state finished" in capsys.readouterr().err
 

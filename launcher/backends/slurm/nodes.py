@@ -87,6 +87,7 @@ class SlurmNodes:
         self.slurm, self.job_id, self.gpus_per_node = slurm, job_id, gpus_per_node
         self.node_loss_ends_job = None if no_kill else NODE_LOSS_ENDS_JOB[no_kill]
         self.info = info or slurm.job_info(job_id)
+        self.requeues_batch = self.info.requeue  # Slurm starts the batch script again when its node fails
         self.log_dir = log_dir
         if allocation is not None:
             holders, self.gpus = holders_of(allocation, gpus_per_node)
