@@ -27,7 +27,7 @@ def _parent(pid: int) -> int:
 
 def _is_stepd(pid: int) -> bool:
     try:
-        return os.path.basename(os.readlink(PROC / str(pid) / "exe")) == "slurmstepd"
+        return os.path.basename(os.readlink(PROC / str(pid) / "exe")).startswith("slurmstepd")  # Debian: -wlm
     except OSError:
         return False
 
