@@ -6,6 +6,7 @@ the NodeBackend methods (launcher.backends.base).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from launcher.backends.base import (
@@ -66,5 +67,15 @@ def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes
     if len(allocation.nodes) < min_nodes:
         raise UsageError(f"Slurm job {job_id} holds {len(allocation.nodes)} node(s), fewer than --nnodes minimum "
                          f"{min_nodes}")
-    return SlurmNodes(client, job_id, gpus_per_node, info=info, log_dir=log_dir, allocation=allocation,
-                      no_kill=client.no_kill(job_id)), str(job_id)
+    nodes = SlurmNodes(client, job_id, gpus_per_node, info=info, log_dir=log_dir, allocation=allocation,
+                       no_kill=client.no_kill(job_id))
+    if os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0"):  # a requeued run: are its GPUs still known?
+        from launcher.backends.slurm.health import lost_gres
+
+        job, opts = nodes.step_of(nodes.batch_node)
+        why = lost_gres(client, job, nodes.batch_node, nodes.gpus_on(nodes.batch_node), opts.get("het_group"))
+        if why is not None:
+            nodes.step_gres = False
+            print(f"[elastic-launch] Slurm refuses GPU requests in this requeued job ({why}): the workers' steps "
+                  "start with --gres=none; each worker takes its GPU by its local rank", file=sys.stderr, flush=True)
+    return nodes, str(job_id)

@@ -206,9 +206,8 @@ class Launcher:
         return out
 
     def _acquire(self, count: int, want: int, trigger: str, idle: int):
-        """Ask the backend for `count` more nodes (NodeBackend.acquire) and add them to the holdings.
-        Returns the Acquired nodes, or the failed Outcome (recorded as a failed migration when the
-        backend tried and failed)."""
+        """Ask the backend for `count` more nodes (NodeBackend.acquire), added to the holdings: the Acquired
+        nodes, or the failed Outcome (recorded as a failed migration when the backend tried and failed)."""
         exclude = [x for x in self.alloc if x not in self.gone]  # nodes held now: new ones must be others
         n = len(self.active)
         out = Outcome(trigger, False, "", from_layout=str(self.current.layout), nodes_before=n, nodes_after=n)
@@ -239,8 +238,7 @@ class Launcher:
         requests.handle_request(self, req)
 
     def suspend(self, trigger: str) -> Outcome:
-        """The last devices must go: every training worker writes its part of the state at one agreed step
-        boundary into the checkpoint folder, then all exit; the job is recorded as suspended there."""
+        """The last devices must go: every worker writes its state at one agreed step, then all exit (suspend.py)."""
         out = self.mode.suspend(trigger)
         if isinstance(self.mode, LiveMode):  # its workers ended, suspended or not
             self.stopped = True

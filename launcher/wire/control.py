@@ -133,8 +133,7 @@ class Control:
 
     # -- membership and heartbeats -----------------------------------------------------------
     def hello(self, device: int) -> None:
-        """A worker that uses the runtime API says so first thing (`hello/<dev>`): the launcher then
-        runs the job in live mode and waits for it to register (launcher.runtime)."""
+        """A worker that uses the runtime API says so first (`hello/<dev>`): the job then runs in live mode."""
         self.store.set(f"hello/{device}", str(os.getpid()))
 
     def hellos(self, devices: Iterable[int]) -> list[int]:
@@ -147,8 +146,7 @@ class Control:
         return self._many("ready/", devices)  # type: ignore[return-value]
 
     def forget_workers(self, devices: Iterable[int], step: int | None = None) -> None:
-        """New processes take over `devices`: the old ones' hellos and registrations go (and, for a restore
-        from a checkpoint, their step counts start again at `step`)."""
+        """New processes take over `devices`: old hellos and registrations go (a restore: steps start at `step`)."""
         for d in devices:
             self.store.delete_key(f"hello/{d}")
             self.store.delete_key(f"ready/{d}")
@@ -200,8 +198,7 @@ class Control:
                 + ", ".join(f"device {d} {steps.get(d, '-')}" for d in devices))
 
     def set_result(self, epoch: int, device: int, result: dict) -> None:
-        """Report this participant's result of event `epoch`, with the marks of what it did so far
-        (`marks`, wall times; cleared once sent, the vote and commit of the last step are kept)."""
+        """This participant's result of event `epoch`, with its marks so far (then cleared but vote and commit)."""
         self.set_json(f"ev/{epoch}/res/{device}", {**result, "marks": dict(self.marks)})
         self.marks = {k: v for k, v in self.marks.items() if k in ("voted", "committed")}
 

@@ -100,12 +100,13 @@ class SlurmClient(Protocol):
 
     def no_kill(self, job_id: int) -> bool | None: ...
 
-    def probe_node(self, job_id: int, node: str, timeout: float, het_group: int | None = None) -> str | None: ...
+    def probe_node(self, job_id: int, node: str, timeout: float, het_group: int | None = None,
+                   gpus: int = 0) -> str | None: ...
 
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
                    gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
                    overlap: bool = True, other_job: bool = False, het_group: int | None = None,
-                   gpus_per_step: bool = False, **popen_kwargs: Any) -> subprocess.Popen: ...
+                   gpus_per_step: bool = False, gres_none: bool = False, **popen_kwargs: Any) -> subprocess.Popen: ...
 
 
 class SlurmCommands:
@@ -169,10 +170,11 @@ class SlurmCommands:
         """node -> (state, answering) of `nodes` (slurm.parse.parse_node_states)."""
         return parse_node_states(self._run(build_node_states_command(nodes), "reading node states", _STATUS_HINT))
 
-    def probe_node(self, job_id: int, node: str, timeout: float, het_group: int | None = None) -> str | None:
-        """Run one task (`true`) in job `job_id` on `node`; None when it ran, else what went wrong. A node
-        whose slurmd is gone fails the step's launch, or does not answer within `timeout` s."""
-        cmd = build_srun_command(job_id, [node], 1, 0, {}, ["true"], het_group=het_group)
+    def probe_node(self, job_id: int, node: str, timeout: float, het_group: int | None = None,
+                   gpus: int = 0) -> str | None:
+        """Run one task (`true`, asking for `gpus` GPUs) in job `job_id` on `node`; None when it ran, else
+        what went wrong. A node whose slurmd is gone fails the step's launch, or does not answer in `timeout` s."""
+        cmd = build_srun_command(job_id, [node], 1, gpus, {}, ["true"], het_group=het_group, gres_none=not gpus)
         try:
             result = self.runner(cmd, input=None, env=self._env(), timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -273,14 +275,14 @@ class SlurmCommands:
     def start_step(self, job_id: int, nodes: Sequence[str], ntasks_per_node: int,
                    gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
                    overlap: bool = True, other_job: bool = False, het_group: int | None = None,
-                   gpus_per_step: bool = False, **popen_kwargs: Any) -> subprocess.Popen:
+                   gpus_per_step: bool = False, gres_none: bool = False, **popen_kwargs: Any) -> subprocess.Popen:
         """Start `srun` for one step and return at once; the caller owns the process.
 
         other_job=True: the step belongs to another job than the one this process runs in (a
         companion job), so srun gets none of this job's SLURM_* variables (SLURM_CONF stays).
         het_group: the component of a heterogeneous job (`job_id` is then the leader's)."""
         cmd = build_srun_command(job_id, nodes, ntasks_per_node, gpus_per_node, env, argv, overlap, het_group,
-                                 gpus_per_step)
+                                 gpus_per_step, gres_none)
         popen_kwargs.setdefault("env", env_outside_job(self._env()) if other_job else self._env())
         try:
             return subprocess.Popen(cmd, **popen_kwargs)

@@ -18,7 +18,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 def build_srun_command(job_id: int | str, nodes: Sequence[str], ntasks_per_node: int,
                        gpus_per_node: int, env: Mapping[str, str], argv: Sequence[str],
-                       overlap: bool = True, het_group: int | None = None, gpus_per_step: bool = False) -> list[str]:
+                       overlap: bool = True, het_group: int | None = None, gpus_per_step: bool = False,
+                       gres_none: bool = False) -> list[str]:
     """srun line for one step on chosen nodes of a running job.
 
     GPUs: `--gres=gpu:G` per node; `gpus_per_step=True` asks `--gpus=<G x nodes>` instead, for a
@@ -51,7 +52,9 @@ def build_srun_command(job_id: int | str, nodes: Sequence[str], ntasks_per_node:
         f"--nodelist={compress_hostlist(nodes)}", f"--ntasks-per-node={ntasks_per_node}",
         f"--ntasks={ntasks_per_node * len(nodes)}",
     ]
-    if gpus_per_node:
+    if gres_none:  # a requeued job whose GPUs Slurm lost (launcher.backends.slurm.health.lost_gres)
+        cmd.append("--gres=none")
+    elif gpus_per_node:
         cmd.append(f"--gpus={gpus_per_node * len(nodes)}" if gpus_per_step else f"--gres=gpu:{gpus_per_node}")
     if overlap:
         cmd.append("--overlap")

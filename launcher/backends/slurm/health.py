@@ -45,3 +45,15 @@ def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, d
         t.join(PROBE_STEP_S + 5)
     gone.update({n: why for n, why in found.items() if why is not None})
     return gone
+
+
+def lost_gres(slurm, job_id: int, node: str, gpus: int, het_group: int | None = None) -> str | None:
+    """What Slurm said when a one-task step asking for `gpus` GPUs on `node` was refused for its GRES, else
+    None. Measured on the testbed (Slurm 22.05): a --no-kill job requeued while its crashed batch node was
+    being taken out of it starts again with its GPU bookkeeping gone ("_step_get_gres_cnt ... node offset
+    invalid"), and every step asking for --gres is refused ("Invalid generic resource (gres)
+    specification", with no --gres too: the job's own request applies), while steps with --gres=none run."""
+    if gpus < 1:
+        return None
+    why = slurm.probe_node(job_id, node, PROBE_STEP_S, het_group, gpus=gpus)
+    return why if why is not None and "generic resource" in why else None

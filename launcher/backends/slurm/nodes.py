@@ -87,7 +87,11 @@ class SlurmNodes:
         self.slurm, self.job_id, self.gpus_per_node = slurm, job_id, gpus_per_node
         self.node_loss_ends_job = None if no_kill else NODE_LOSS_ENDS_JOB[no_kill]
         self.info = info or slurm.job_info(job_id)
-        self.requeues_batch = self.info.requeue  # Slurm starts the batch script again when its node fails
+        # Slurm requeues a job whose batch node failed only without --no-kill, and on the testbed such a requeued
+        # job did not start again within minutes (it waited on the dead node: README, "What a job survives"), so
+        # the batch node's loss is not claimed survived; `elastic-launch` takes over a requeued job when it runs
+        self.requeues_batch = False
+        self.step_gres = True  # steps ask for their GPUs (--gres); --gres=none where Slurm lost them (slurm.health)
         self.log_dir = log_dir
         if allocation is not None:
             holders, self.gpus = holders_of(allocation, gpus_per_node)
@@ -167,16 +171,18 @@ class SlurmNodes:
         return h.job_id if h is not None else int(self.job_id)
 
     # -- workers ------------------------------------------------------------------------------
-    def _step(self, node: str) -> tuple[int, dict]:
+    def step_of(self, node: str) -> tuple[int, dict]:
         """(srun --jobid, the other step options) of `node`'s step."""
         h = self.holder(node) or self.holders[int(self.job_id)]
         opts = {"het_group": h.het_group} if h.het_group is not None else {}
         if self.uneven and h.kind == JOB:
             opts["gpus_per_step"] = True
+        if not self.step_gres:
+            opts["gres_none"] = True
         return h.srun_job, opts
 
     def commands_for_start(self, node: str, index: int, base: Mapping[str, str], argv: Sequence[str]) -> list[list[str]]:
-        job, opts = self._step(node)
+        job, opts = self.step_of(node)
         g = self.gpus_on(node)
         return [build_srun_command(job, [node], g, g, self.step_env(node, index, base), resolve_python(argv), **opts)]
 
@@ -191,7 +197,7 @@ class SlurmNodes:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"step-{node}.log", "ab")
-        job, opts = self._step(node)
+        job, opts = self.step_of(node)
         h = self.holder(node)
         if h is not None and h.kind == COMPANION:
             opts["other_job"] = True  # a companion's step: none of our SLURM_*
@@ -222,7 +228,7 @@ class SlurmNodes:
 
     # -- a node gone without a word (launcher.loop.probe) ------------------------------------------------
     def unreachable(self, nodes: Sequence[str], steps: bool = True) -> dict[str, str]:
-        return find_gone(self.slurm, nodes, self._step if steps else None)
+        return find_gone(self.slurm, nodes, self.step_of if steps else None)
 
     def forget(self, node: str) -> list[str]:
         """`node` is gone: out of the job as far as Slurm lets (with --no-kill Slurm takes a DOWN node out

@@ -33,7 +33,6 @@ class JobInfo:
     name: str = ""
     reason: str = ""
     partition: str = field(default="", compare=False)  # not compared: older records and goldens lack it
-    requeue: bool = field(default=False, compare=False)  # Requeue=1: Slurm starts the batch script again on failure
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,6 @@ def parse_scontrol_show_job(text: str) -> JobInfo:
         name=fields.get("JobName", ""),
         reason=fields.get("Reason", ""),
         partition=fields.get("Partition", ""),
-        requeue=fields.get("Requeue") == "1",
     )
 
 
