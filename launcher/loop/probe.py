@@ -17,7 +17,7 @@ fail and post theirs too. Here the launcher answers:
 4. nothing found gone within the backend's `probe_s`: answer "clear".
 
 Besides, every WATCH_S the backend is asked for the cluster's own word on the world's nodes (Slurm: a node
-DOWN, FAILing or not answering pings), without steps: a node that dies without cutting its peers'
+DOWN or FAILing; missed pings alone count only in a check), without steps: a node that dies without cutting its peers'
 connections (power lost) blocks them in their collective until its timeout, and Slurm may say so first.
 """
 from __future__ import annotations

@@ -19,14 +19,16 @@ PROBE_STEP_S = 15.0  # a one-task step on a node whose slurmd is gone: srun give
 
 def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, dict]] | None) -> dict[str, str]:
     """node -> what showed it gone, for the `nodes` that are. `step_of(node)` -> (srun --jobid, options) of
-    the job or component that holds it (its het_group); None: Slurm's word only, no step. The steps run
-    side by side."""
+    the job or component that holds it (its het_group); None: Slurm's word only, no step, and only a node
+    it calls down or failed (the cheap look the launcher takes every few seconds). The steps run side by
+    side."""
     if not nodes:
         return {}
     gone: dict[str, str] = {}
     try:
         for n, (state, answering) in slurm.node_states(nodes).items():
-            if n in nodes and (state in GONE_STATES or not answering):
+            # pings unanswered count only when the job's own collectives failed too (a busy slurmd may miss one)
+            if n in nodes and (state in GONE_STATES or (not answering and step_of is not None)):
                 gone[n] = f"Slurm says it is {state}{'' if answering else ', not responding'}"
     except SlurmError as exc:  # slurmctld busy: the steps below still tell
         print(f"[elastic-launch] reading node states failed: {exc}", file=sys.stderr, flush=True)

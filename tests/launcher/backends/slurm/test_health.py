@@ -42,10 +42,10 @@ def test_slurms_word_first_then_a_step_on_the_rest() -> None:
     assert sorted(slurm.probed) == [(17, "n1", None), (17, "n2", 1)]  # n3 needed no step; n4 was not asked
 
 
-def test_the_cheap_look_starts_no_step() -> None:
+def test_the_cheap_look_starts_no_step_and_takes_only_a_node_slurm_calls_down() -> None:
     slurm = Slurm(SINFO, {"n1": "would fail"})
-    assert find_gone(slurm, ["n1", "n3"], None) == {"n3": "Slurm says it is allocated, not responding"}
-    assert slurm.probed == []
+    assert find_gone(slurm, ["n1", "n3", "n4"], None) == {"n4": "Slurm says it is down, not responding"}
+    assert slurm.probed == []  # n3's missed pings alone are no crash: a busy slurmd may miss one
 
 
 def test_without_slurmctlds_answer_the_steps_still_tell() -> None:
