@@ -8,7 +8,7 @@ demo:
 test:
 	scripts/bootstrap.sh
 	scripts/install-test-deps.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadgroup
+	scripts/test.sh
 
 bench:
 	scripts/bootstrap.sh

@@ -20,15 +20,6 @@ from tests.db.backends import INSTALL_HINT, PgServer, find_bindir
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`make test` runs two pytest-xdist workers (--dist loadgroup): every test on the Slurm testbed goes to
-    one of them, one after another -- they share one cluster -- while the other runs the rest. The Slurm
-    tests mostly wait on Slurm and on paced steps, so the suite takes about half as long."""
-    for item in items:
-        if item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-
-
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
     if os.environ.get("ELASTIC_TEST_POSTGRES") == "0":
