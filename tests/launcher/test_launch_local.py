@@ -81,8 +81,9 @@ def test_resize_requests_shrink_and_grow_with_bit_exact_records(tmp_path, capsys
     # what the dashboard's cluster view reads: the launch spec (policy per size) and the reported losses
     spec = store.launch_spec(job.id)
     assert spec["layouts"] == {"2": "pp2tp1dp1", "4": "pp2tp2dp1"} and spec["model"]["layers"] == 4
-    # pp2tp2dp1 has no replica: neither a process's nor a node's loss is covered (shown on the job page)
-    assert spec["survives"] == {"process": False, "node": False} and spec["checkpoint_every"] == 0
+    # pp2tp2dp1 has no replica: neither a process's nor a node's loss is covered (shown on the job page); the
+    # batch node's loss is survived on no backend yet
+    assert spec["survives"] == {"process": False, "node": False, "batch": False} and spec["checkpoint_every"] == 0
     steps = store.steps(job.id)
     assert steps and all(s.loss is not None and s.loss > 0 for s in steps)
     assert {s.layout for s in steps} == {"pp2tp2dp1", "pp2tp1dp1"}
