@@ -8,7 +8,7 @@ demo:
 test:
 	scripts/bootstrap.sh
 	scripts/install-test-deps.sh
-	scripts/test.sh
+	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25
 
 bench:
 	scripts/bootstrap.sh
