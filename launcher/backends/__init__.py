@@ -70,12 +70,8 @@ def make_backend(kind: str, *, job_id: int | None, gpus_per_node: int, min_nodes
     nodes = SlurmNodes(client, job_id, gpus_per_node, info=info, log_dir=log_dir, allocation=allocation,
                        no_kill=client.no_kill(job_id))
     if os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0"):  # a requeued run: are its GPUs still known?
-        from launcher.backends.slurm.health import lost_gres
-
-        job, opts = nodes.step_of(nodes.batch_node)
-        why = lost_gres(client, job, nodes.batch_node, nodes.gpus_on(nodes.batch_node), opts.get("het_group"))
+        why = nodes.check_gres()
         if why is not None:
-            nodes.step_gres = False
             print(f"[elastic-launch] Slurm refuses GPU requests in this requeued job ({why}): the workers' steps "
                   "start with --gres=none; each worker takes its GPU by its local rank", file=sys.stderr, flush=True)
     return nodes, str(job_id)

@@ -195,8 +195,6 @@ class NodeBackend(Protocol):
 
     # why the loss of one node ends the whole job whatever its layout (e.g. a Slurm job without --no-kill), or None
     node_loss_ends_job: str | None
-    # the cluster starts the batch script (elastic-launch) again when its node fails (Slurm: Requeue=1)
-    requeues_batch: bool
 
     # a collective failed and no worker is seen ending (launcher.loop.probe): was a whole node lost?
     probe_s: float  # how long checking nodes may take, at most (the workers wait that long for the answer)

@@ -23,7 +23,6 @@ class LocalNodes:
     nodes), every worker a process here."""
 
     node_loss_ends_job = None  # a node is a group of processes here: its loss ends nothing else
-    requeues_batch = False  # nothing starts elastic-launch again here
     probe_s = 3.0  # a local worker's end is seen at once: a node cannot vanish unseen here
     released_nodes_return = True  # a released simulated node can be started again
 

@@ -72,12 +72,10 @@ class Holdings:
 
     def survival(self, current):
         """What the rank map `current` survives (launcher.policy.survival), on the allocation's terms: a Slurm
-        job without --no-kill ends when any node fails, whatever its replicas (NodeBackend.node_loss_ends_job); the
-        batch node's loss is survived where the cluster requeues the batch script and there are safety checkpoints
-        to resume from (launcher.loop.suspend.requeued_job)."""
+        job without --no-kill ends when any node fails, whatever its replicas (NodeBackend.node_loss_ends_job)."""
         said, ends = survival(current.layout, current.devices, self.nodes_of()), self.backend.node_loss_ends_job
-        batch = self.backend.requeues_batch and bool(self.opts.checkpoint_every)  # resumes from a checkpoint
-        return dataclasses.replace(said, batch=batch, **({"node": False, "node_note": ends} if ends else {}))
+        # the batch node's loss: survived on no backend yet (README, "What a job survives")
+        return dataclasses.replace(said, batch=False, **({"node": False, "node_note": ends} if ends else {}))
 
     def launch_spec(self, current) -> dict:
         """What the dashboard's dry run of a preempt needs without importing the launcher: the model,

@@ -31,10 +31,6 @@ WATCH_S = 10.0  # how often the cluster's own view of the nodes is read while no
 class NodeProbe:
     """One launcher's check of the nodes, at most one per training world."""
 
-    @property
-    def ctl(self):
-        return self.holder.ctl
-
     def __init__(self, backend, holder, holdings, log) -> None:
         """`holder.ctl`: the control plane (read at each call: the launcher connects it after making its mode)."""
         self.backend, self.holder, self.holdings, self.log = backend, holder, holdings, log
@@ -43,6 +39,10 @@ class NodeProbe:
         self.done = False
         self.asked: set[str] = set()  # nodes the backend already found reachable in this check
         self.watched = float("-inf")  # when the backend was last asked about every node of the world
+
+    @property
+    def ctl(self):
+        return self.holder.ctl
 
     def gone(self, world: str, devices: list[int]) -> dict[str, str]:
         """Nodes of `devices` (the training world's) found gone, with why; {} while nothing is (or nothing
@@ -59,7 +59,7 @@ class NodeProbe:
                 self.done = True
                 return said
         if self.started is None:
-            if not self.ctl.suspects(world):
+            if not self.ctl.suspect_count(world):
                 return {}
             self.started = now
             self.ctl.set_probe(world, str(self.backend.probe_s))
@@ -68,8 +68,8 @@ class NodeProbe:
             return {}
         if now - self.started < SETTLE_S:
             return {}
-        said = set(self.ctl.suspects(world, devices))
-        quiet = [n for n in dict.fromkeys(self.holdings.node_of(d) for d in devices if d not in said)]
+        said = set(self.ctl.suspected(world, devices))
+        quiet = list(dict.fromkeys(self.holdings.node_of(d) for d in devices if d not in said))
         if not quiet:
             return self._clear(f"every worker of {world} is alive and reported its own error")
         found = self.backend.unreachable([n for n in quiet if n not in self.asked])

@@ -320,10 +320,10 @@ class Control:
         self.store.set(f"suspect/{world}/{device}", why[:300])
         self.store.add(f"suspects/{world}", 1)
 
-    def suspects(self, world: str, devices: Iterable[int] | None = None) -> int | list[int]:
-        """How many suspicions `world` has (one round trip), or which of `devices` reported one."""
-        if devices is None:
-            return self.store.add(f"suspects/{world}", 0)
+    def suspect_count(self, world: str) -> int:  # one round trip
+        return self.store.add(f"suspects/{world}", 0)
+
+    def suspected(self, world: str, devices: Iterable[int]) -> list[int]:  # which of `devices` reported one
         return sorted(self._values(f"suspect/{world}/", devices))
 
     def set_probe(self, world: str, verdict: str) -> None:  # seconds the check may take, or "clear"

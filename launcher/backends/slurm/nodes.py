@@ -34,7 +34,7 @@ from launcher.backends.slurm.commands import (
     build_shrink_command,
     build_srun_command,
 )
-from launcher.backends.slurm.health import find_gone
+from launcher.backends.slurm.health import find_gone, lost_gres
 from launcher.backends.slurm.parse import JobInfo, parse_task_end
 from launcher.backends.slurm.holdings import (
     COMPANION,
@@ -84,15 +84,10 @@ class SlurmNodes:
 
     def __init__(self, slurm, job_id: int, gpus_per_node: int, info: JobInfo | None = None,
                  log_dir: Path | None = None, allocation=None, no_kill: bool | None = True) -> None:
-        self.slurm, self.job_id, self.gpus_per_node = slurm, job_id, gpus_per_node
+        self.slurm, self.job_id, self.gpus_per_node, self.log_dir = slurm, job_id, gpus_per_node, log_dir
         self.node_loss_ends_job = None if no_kill else NODE_LOSS_ENDS_JOB[no_kill]
         self.info = info or slurm.job_info(job_id)
-        # Slurm requeues a job whose batch node failed only without --no-kill, and on the testbed such a requeued
-        # job did not start again within minutes (it waited on the dead node: README, "What a job survives"), so
-        # the batch node's loss is not claimed survived; `elastic-launch` takes over a requeued job when it runs
-        self.requeues_batch = False
-        self.step_gres = True  # steps ask for their GPUs (--gres); --gres=none where Slurm lost them (slurm.health)
-        self.log_dir = log_dir
+        self.step_gres = True  # steps ask for their GPUs (--gres); --gres=none where Slurm lost them (check_gres)
         if allocation is not None:
             holders, self.gpus = holders_of(allocation, gpus_per_node)
         else:
@@ -102,14 +97,12 @@ class SlurmNodes:
         self.holders: dict[int, Holder] = {h.job_id: h for h in holders}  # Slurm job -> what it holds now
         nodes = [n for h in holders for n in h.nodes]
         if self.batch_node in nodes:  # the batch node first: it is pinned and always used
-            nodes.remove(self.batch_node)
-            nodes.insert(0, self.batch_node)
+            nodes = [self.batch_node] + [n for n in nodes if n != self.batch_node]
         self.order = nodes  # every node ever held, in the launcher's topology order (device ids follow it)
         self.idle: set[str] = set()  # nodes Slurm would not release: allocated, no workers
         # a plain job whose nodes hold different GPU counts refuses --gres=gpu:N steps above its smallest share
         self.uneven = len({self.gpus[n] for n in nodes}) > 1 and allocation is not None and not allocation.heterogeneous
-        self.companions_submitted = 0
-        self.shapes: dict = {}  # companion job -> the shape it was submitted with (slurm_holdings.Shape)
+        self.companions_submitted, self.shapes = 0, {}  # shapes: companion job -> the shape it was submitted with
 
     # -- what the job holds -----------------------------------------------------------------------
     def holder(self, node: str) -> Holder | None:
@@ -230,9 +223,16 @@ class SlurmNodes:
     def unreachable(self, nodes: Sequence[str], steps: bool = True) -> dict[str, str]:
         return find_gone(self.slurm, nodes, self.step_of if steps else None)
 
+    def check_gres(self) -> str | None:
+        """A requeued run: where Slurm refuses GPU requests (slurm.health.lost_gres), steps ask --gres=none."""
+        batch = self.batch_node
+        job, opts = self.step_of(batch)
+        why = lost_gres(self.slurm, job, batch, self.gpus_on(batch), opts.get("het_group"))
+        self.step_gres = why is None
+        return why
+
     def forget(self, node: str) -> list[str]:
-        """`node` is gone: out of the job as far as Slurm lets (with --no-kill Slurm takes a DOWN node out
-        itself; until then a shrink does), and never used again."""
+        """`node` is gone: out of the job as far as Slurm lets (a DOWN node it takes out of a --no-kill job itself)."""
         try:
             notes = self.release([n for n in self.allocation() if n != node])
             return [f"{node} taken out of the job's allocation", *notes]

@@ -126,7 +126,7 @@ def test_a_worker_waits_for_the_launchers_answer(ctl) -> None:
     cut = []
     _answer_later(ctl, "w5", 0.3, abort=True)
     assert is_peer_failure(RuntimeError("Connection closed by peer"), ctl, "w5", lambda: cut.append(1), wait_s=5)
-    assert cut == [1] and ctl.suspects("w5") == 1 and ctl.suspects("w5", [0, 1, 2, 3]) == [2]
+    assert cut == [1] and ctl.suspect_count("w5") == 1 and ctl.suspected("w5", [0, 1, 2, 3]) == [2]
 
     _answer_later(ctl, "w6", 0.3, verdict="clear")
     assert not is_peer_failure(RuntimeError("shape mismatch"), ctl, "w6", wait_s=5)
