@@ -1,6 +1,6 @@
 """The pause a migration causes, as the user sees it: from the last step the old layout committed to
-the first step the new layout committed. Workers stamp both on the control store when a step's
-commit vote succeeds (Control.commit_step); the launcher reads them once the new layout's first
+the first step the new layout committed. Rank 0 stamps both on the control store when a step's
+commit vote succeeds (Control.stamp_commit, launcher.runtime.vote); the launcher reads them once the new layout's first
 step is in, which is after the migration itself finished, so pauses are settled on later polls."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Consistent cuts for live mode (launcher.runtime), the same protocol as the reference worker's.
 
 Every optimizer step commits all-or-nothing: a pre-hook on the script's optimizer votes on
-`c/<world>/<finished steps>` (launcher.wire.control.Control.commit_step) before the step is applied, so
+`c/<world>/<finished steps>` (launcher.runtime.vote) before the step is applied, so
 either every rank of the training world applies it or none does. When a worker dies, the launcher
 sets `abort/<world>`; the survivors' next collective fails (their sockets are cut, see
 launcher.runtime.sockets) or their vote loses. The failed step is abandoned inside `job.guard()`: the

@@ -16,12 +16,14 @@ from launcher.runtime import faults as runtime_faults
 from launcher.runtime.build import Builder
 from launcher.runtime.clip import average_over_dp, clip_grad_norm_ as clip_grads
 from launcher.runtime.collector import CollectorHold
+from launcher.runtime.events import EventBoundary
 from launcher.runtime.env import checkpoints_from_env, device_from_env, first_event_from_env
 from launcher.runtime.layout import Layout, device_mesh, parse_layout
 from launcher.runtime.migration import Migration
 from launcher.runtime.sockets import cut_collective_sockets
 from launcher.runtime.state import OptimizerSettings, export_local, rebind, state_views, unbind
 from launcher.runtime.threads import GlooThreads, nice_from_env
+from launcher.runtime.vote import StepVote
 from launcher.runtime.worlds import Worlds, forget_old_meshes
 from launcher.wire.control import Control, WorldAborted
 from launcher.wire.env import ENV_CKPT_DIR, ENV_STORE
@@ -56,7 +58,7 @@ class Job:
         self.step = 0
         self.epoch = first_event_from_env()
         self.devices: list[int] = []
-        self._at: int | None = None
+        self.vote = StepVote(ctl)  # every optimizer step's commit (launcher.runtime.vote)
         self.migrations = 0
         self.world: str | None = None  # the training world (launcher.wire.control: w<event>)
         self.broken = False  # a step failed because a peer did: wait for the launcher's recovery event
@@ -69,6 +71,7 @@ class Job:
         self.ckpt_dir, self.ckpt_every = checkpoints_from_env()
         self._saved = -1  # the last step a safety checkpoint was written at
         self.migration = Migration(self)  # this worker's part in reshard events
+        self.events = EventBoundary(ctl, self.vote, self.migration.prepare, self.log)  # when the next one applies
         self.fault = runtime_faults.fault_for(device)  # $ELASTIC_FAULT (tests)
         self.safety = runtime_ckpt.Safety(self.ckpt_dir, self.log, self.fault)  # background safety checkpoints
         runtime_faults.install_commit(self.optimizer, self._vote)
@@ -95,15 +98,10 @@ class Job:
             if live:
                 self._boundary()
                 live = not self.broken
-            ev = self.ctl.event(self.epoch) if live else self.ctl.wait_event(self.epoch)
-            if ev is not None and live and self._at is None and not ev.get("urgent"):
-                self.ctl.mark("event seen")
-                self._at = self.ctl.agree_at(self.epoch, self.step)
-                self.log(f"event {self.epoch} ({ev.get('kind')}) seen after step {self.step}: applies after step "
-                         f"{self._at}")
-                self.migration.prepare(ev)  # while the old layout still trains, outside the pause
-            if ev is not None and (not live or self._at is None or self.step >= self._at):
-                self._at = None
+            ev = self.events.due(self.epoch, self.step, self._committed == self.step > self._entered_at,
+                                 self.layout.rank, self.device) if live else self.ctl.wait_event(self.epoch)
+            if ev is not None and (not live or self.step >= self.events.at):
+                self.events.clear()
                 if not self._handle(ev):
                     self._leave()
                     return False
@@ -147,7 +145,7 @@ class Job:
         fails), and a safety checkpoint when one is due (written in the background: runtime_ckpt.Safety).
         gloo's I/O threads of process groups made since the last boundary are lowered (runtime_threads)."""
         self._gloo.lower()
-        self.ctl.set_step(self.device, self.step)
+        self.vote.heartbeat(self.device, self.step, self.layout.rank)
         if self.step > self._entered_at:  # a step committed in this world: the pause is over
             self._collector.release()
             if self.worlds.retired:  # tear the old world down
@@ -165,11 +163,16 @@ class Job:
         if self._committed == self.step:
             return  # a second optimizer.step() in the same step
         runtime_faults.die_at(self.fault, "step", self.step, self.log)
-        if not self.ctl.commit_step(self.world, self.step - 1, self.layout.world_size):
-            raise runtime_faults.StepAborted(f"step {self.step} abandoned: a worker of {self.world} failed")
-        self._committed = self.step
-        if self.layout.rank == 0 and self.step > 1:  # everybody is past the previous vote: drop its keys
-            self.ctl.drop_step_votes(self.world, self.step - 2)
+        self.ctl.mark("voted")
+        verdict = self.vote.vote(self.world, self.step - 1, self.layout.rank, self.layout.world_size, self.epoch)
+        if not verdict.committed:
+            why = f" ({type(verdict.failure).__name__}: {str(verdict.failure)[:200]})" if verdict.failure else ""
+            raise runtime_faults.StepAborted(f"step {self.step} abandoned: a worker of {self.world} failed{why}")
+        self.ctl.mark("committed")
+        self.ctl.stamp_first_step(self.world)
+        self._committed, self.events.told = self.step, verdict.event
+        if verdict.failure is not None:  # committed everywhere, yet a peer is gone: apply it, then recover
+            self._abandon(verdict.failure)
 
     def _cut(self) -> None:
         cut_collective_sockets(self.ctl.port)  # peers blocked on this worker fail at once
@@ -179,16 +182,17 @@ class Job:
         self.log(f"step {self.step} failed ({type(exc).__name__}: {str(exc)[:200]}); state kept at step "
                  f"{self._committed}, waiting for recovery")
         self.broken = True
-        try:
-            self.ctl.abort_world(self.world)
-            self.ctl.suspect(self.world, self.device, f"{type(exc).__name__}: {exc}")  # alive: see launcher.loop.probe
-        except Exception:
-            pass
-        self._cut()
         if self.step != self._committed:  # the update was not applied: back to the boundary before it
             self.step = self._committed
             for k, obj in self.carried.items():
                 obj.load_state_dict(self._snap[k])
+        try:
+            self.ctl.abort_world(self.world)
+            self.ctl.suspect(self.world, self.device, f"{type(exc).__name__}: {exc}")  # alive: see launcher.loop.probe
+            self.vote.heartbeat(self.device, self.step, None, force=True)  # the step the survivors hold
+        except Exception:
+            pass
+        self._cut()
 
     def _my_manifest(self):
         return self.builder.manifests(self.layout.name)[self.layout.rank]

@@ -7,7 +7,9 @@ Everything the launcher and the workers say to each other goes through these key
                          state manifests for them with the model spec (launcher.runtime.join)
   hello/<dev>            a worker that uses the runtime API (launcher.runtime) started: live mode
   ready/<dev>            a worker is up and waits for events (JSON: pid, host)
-  step/<dev>             the number of finished steps of a training worker (its heartbeat)
+  step/<dev>             the number of finished steps of a training worker (its heartbeat: rank 0 every
+                         step, the others every second, and at every event and failure)
+  c/<world>/<step>       the update after <step> finished steps of training world <world>: "go" or "no"
   ev/<e>                 event e (JSON): start | migrate | stop, posted by the launcher
   ev/<e>/at              the step boundary at which event e applies, agreed by the workers
   ev/<e>/res/<dev>       what a participant of event e reports back (JSON)
@@ -17,20 +19,24 @@ Everything the launcher and the workers say to each other goes through these key
 Events are numbered 0, 1, 2 ... and every worker handles every event in order, so a worker
 started later (on a node the job grows onto) catches up by reading the events it missed.
 
-Step agreement: the launcher never guesses where training is. After each step a worker checks
-(`store.check`, ~30 us) for the next event; the first worker to see it proposes
-`at = its finished steps + 2` with an atomic compare-and-set, and everybody migrates when its
-own finished-step count equals `at`. Ranks of one layout are at most one step apart (every
-step ends with pipeline sends and DP all-reduces they all wait on), and a worker that has not
-seen the event yet finishes at most one more step before its next check, so nobody is past
-`at` when it learns it. Events marked `urgent` (recovery after a failure) apply at once.
+Step agreement: the launcher never guesses where training is. Each step's commit vote
+(launcher.runtime.vote) tells every rank of the training world at once whether the next event is
+posted (rank 0 looks, one `check`), so they all take the same boundary: after the next step. A step
+that voted on nothing (the first in a world) looks itself, and the first worker to see the event
+proposes `at = its finished steps + 2` with an atomic compare-and-set (`agree_at`; ranks of one
+layout are at most one step apart, and a worker that has not seen the event yet finishes at most one
+more step before its next look). Rank 0 records the boundary taken on `ev/<e>/at` either way. Events
+marked `urgent` (recovery after a failure) apply at once.
 
 Consistent cuts: a worker may die at any instant, so nothing that changes state is applied by
-some survivors and not others. Each optimizer step commits through `decide("c/<world>/<step>")`
-(all ranks vote after their gradients are reduced; the last vote or a veto wins one atomic
-compare-and-set on the store) and each migration through `decide("ev/<e>/commit")`. A failed
-step sets `abort/<world>`; the launcher sets it too when it sees a worker process end. So the
-survivors of a failure all hold the state of the same finished step.
+some survivors and not others. Each optimizer step commits through `c/<world>/<step>`, settled
+once: "go" by rank 0 after every rank said it is ready (the vote's messages run on the training
+world's own process group), "no" by a rank whose vote failed, whichever lands first
+(`settle_step`; launcher.runtime.vote). Each migration commits through `decide("ev/<e>/commit")`.
+A failed step sets `abort/<world>`; the launcher sets it too when it sees a worker process end.
+So the survivors of a failure all hold the state of the same finished step. What a step costs the
+store does not grow with the job: rank 0's few operations, and every rank's heartbeat
+(`step/<dev>`) once a second, not once a step (`elastic bench-control`).
 
 Each epoch runs in a process-group world made from a `PrefixStore` on the same TCPStore: `m<e>` for
 the migration (old and new devices), `w<e>` for training on the new layout. Where the members are
@@ -245,25 +251,33 @@ class Control:
             sleep = min(sleep * 2, poll_s)
         return self.store.get(key).decode() == "go"
 
-    def commit_step(self, world: str, step: int, n: int) -> bool:
-        """All-or-nothing commit of the step after `step` finished steps in training world `world`
-        (n ranks vote). The commit's wall time is stamped on the store (`t/<world>/first` once,
-        `t/<world>/last` every step), so the launcher can tell how long a migration stopped training:
-        from the old world's last commit to the new world's first (see `commit_times`)."""
-        def stamp() -> None:
-            now = repr(time.time())
-            self.store.compare_set(f"t/{world}/first", "", now)
-            self.store.set(f"t/{world}/last", now)
+    # -- the per-step vote's store side (launcher.runtime.vote: rank 0 settles, a failing rank too) ----------
+    def settle_step(self, world: str, step: int, value: str) -> bool:
+        """Settle the update after `step` finished steps of `world` to "go" or "no" unless it was settled
+        already (one compare-and-set); True when it stands as "go"."""
+        return self._settle(f"c/{world}/{step}", value)
 
-        self.mark("voted")
-        ok = self.decide(f"c/{world}/{step}", n, self.abort_key(world), on_commit=stamp)
-        if ok:
-            self.mark("committed")
-            if world not in self._first_seen and self.device is not None:
-                self._first_seen.add(world)
-                self.set_json(f"tl/{world}/first/{self.device}", {"voted": self.marks["voted"],
-                                                                  "committed": self.marks["committed"]})
-        return ok
+    def drop_step_vote(self, world: str, step: int) -> None:
+        """Forget the decision on the update after `step` finished steps in `world` (every rank is past it)."""
+        self.store.delete_key(f"c/{world}/{step}")
+
+    def stamp_commit(self, world: str, first: bool = False) -> None:
+        """The wall time of a commit in `world`: `t/<world>/last` at every step, `t/<world>/first` once, so the
+        launcher can tell how long a migration stopped training (`commit_times`)."""
+        now = repr(time.time())
+        if first:
+            self.store.compare_set(f"t/{world}/first", "", now)
+        self.store.set(f"t/{world}/last", now)
+
+    def stamp_first_step(self, world: str) -> None:
+        """This worker's vote and commit of its first step in `world`, from its marks (once per world)."""
+        if world not in self._first_seen and self.device is not None:
+            self._first_seen.add(world)
+            self.set_json(f"tl/{world}/first/{self.device}", {"voted": self.marks["voted"],
+                                                              "committed": self.marks["committed"]})
+
+    def event_posted(self, epoch: int) -> bool:
+        return self.has(f"ev/{epoch}")
 
     def first_step_marks(self, world: str, devices: Iterable[int]) -> dict[int, dict]:
         """device -> {voted, committed}: when each worker voted on and saw the commit of its first step in `world`."""
@@ -280,11 +294,6 @@ class Control:
     def veto(self, key: str) -> bool:
         """Stop decision `key` from committing; True if it had committed already (too late)."""
         return self._settle(key, "no")
-
-    def drop_step_votes(self, world: str, step: int) -> None:
-        """Forget the decision on the step after `step` finished steps in `world` (every voter is past it)."""
-        for key in (f"c/{world}/{step}", f"c/{world}/{step}/n"):
-            self.store.delete_key(key)
 
     def commit_event(self, epoch: int, n: int) -> bool:
         """Vote yes on migration `epoch` committing among its `n` participants (see `decide`)."""

@@ -2,48 +2,38 @@
 launcher measures a migration's pause with."""
 from __future__ import annotations
 
-import threading
 import time
 
 from launcher.wire.control import Control
 
 
-def _vote_all(port: int, world: str, step: int, n: int) -> list[bool]:
-    """n voters, each on its own connection (as n worker processes are), vote on one step."""
-    out: list[bool] = [False] * n
-
-    def vote(i: int) -> None:
-        out[i] = Control("127.0.0.1", port).commit_step(world, step, n)
-
-    threads = [threading.Thread(target=vote, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    return out
-
-
 def test_commit_stamps_first_and_last_commit_times() -> None:
     server = Control("127.0.0.1", 0, server=True)
+    rank0 = Control("127.0.0.1", server.port)
     assert server.commit_times("w0") == (None, None)
     before = time.time()
-    assert _vote_all(server.port, "w0", 0, 3) == [True] * 3
+    rank0.stamp_commit("w0", first=True)
+    rank0.stamp_commit("w0", first=True)  # a second "first" does not move it
     first, last = server.commit_times("w0")
-    assert first is not None and before <= first == last <= time.time()
+    assert first is not None and before <= first <= last <= time.time()
     time.sleep(0.01)
-    assert _vote_all(server.port, "w0", 1, 3) == [True] * 3
+    rank0.stamp_commit("w0")
     first2, last2 = server.commit_times("w0")
     assert first2 == first and last2 > first  # the first commit stays, the last moves on
     assert server.commit_times("w1") == (None, None)  # worlds are stamped separately
 
 
-def test_an_aborted_step_stamps_nothing() -> None:
+def test_a_step_settles_once_for_everyone() -> None:
+    """launcher.runtime.vote: rank 0's "go" and a failing rank's "no" race on one compare-and-set; the
+    first stands for both, and the key can be dropped once everyone is past it."""
     server = Control("127.0.0.1", 0, server=True)
-    server.abort_world("w2")
-    voter = Control("127.0.0.1", server.port)
-    assert voter.commit_step("w2", 0, 2) is False  # the second voter never comes; the world was aborted
-    assert server.commit_times("w2") == (None, None)
-
+    rank0, failing = Control("127.0.0.1", server.port), Control("127.0.0.1", server.port)
+    assert failing.settle_step("w2", 0, "no") is False
+    assert rank0.settle_step("w2", 0, "go") is False  # too late: nobody applies step 1
+    assert rank0.settle_step("w2", 1, "go") is True
+    assert failing.settle_step("w2", 1, "no") is True  # rank 0 was first: the failing rank applies it too
+    rank0.drop_step_vote("w2", 0)
+    assert rank0.settle_step("w2", 0, "go") is True  # gone: a new decision
 
 
 def _result(server: Control, epoch: int, device: int) -> dict:
@@ -60,7 +50,11 @@ def test_marks_travel_with_results_and_the_first_commit_of_a_world_is_stamped_pe
     worker = Control("127.0.0.1", server.port)
     worker.device = 3
     worker.mark("boundary", 12.5)
-    assert worker.commit_step("w4", 0, 1) and worker.commit_step("w4", 1, 1)
+    for _ in range(2):  # what launcher.runtime.job does at each commit
+        worker.mark("voted")
+        worker.mark("committed")
+        worker.stamp_first_step("w4")
+        worker.stamp_commit("w4", first=True)
     worker.set_result(4, 3, {"ok": True})  # after the marks' set: the same connection keeps the order
     got = _result(server, 4, 3)
     assert got["ok"] is True and got["marks"]["boundary"] == 12.5 and "voted" in got["marks"]
