@@ -94,8 +94,7 @@ class Launcher:
     # -- start ----------------------------------------------------------------------------------------
     def start(self) -> None:
         """Host the control plane, start the workers on the first nodes, post the first layout."""
-        self.ctl = C.Control("0.0.0.0" if self.opts.master_addr not in ("127.0.0.1", "localhost") else "127.0.0.1",
-                             self.opts.master_port, server=True)
+        self.ctl = C.Control(self.opts.master_addr, self.opts.master_port, server=True)  # listening there only
         self.mode.ctl = self.ctl
         self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port}; {self.backend.describe()}")
         self.request = StartRequest.for_job(self.opts, self.db.url, self.ctl.port)
@@ -282,7 +281,7 @@ class Launcher:
         if (step := self.max_step()) != self.last_step:  # what `elastic jobs` shows
             self.last_step = step
             self.db.update_job(self.job_id, last_step=step)
-        self.mode.pauses.settle(self.ctl, self.db, self.log)
+        self.mode.watch()
         exited = self.workers.exited()
         dead = {d: rc for d, rc in exited.items() if rc != 0}
         gone = {} if dead else self.mode.probe.gone(self.mode.world, list(self.current.devices))

@@ -18,6 +18,7 @@ from launcher.loop.live_plan import LayoutError, ManifestError
 from launcher.loop.outcome import MigrationFailed, Outcome, TrainingEnded
 from launcher.loop.pauses import PendingPauses
 from launcher.loop.probe import NodeProbe
+from launcher.loop.stall import StallWatch
 from migrate.topology import RankMap
 
 
@@ -32,6 +33,7 @@ class LiveMode:
         self.epoch = -1  # last posted event
         self.world = "w0"  # the process-group world the current layout trains in
         self.pauses = PendingPauses()  # migrations whose pause is known once the new layout commits a step
+        self.stall = StallWatch(self.log)  # steps that stop with no known cause are said (launcher.loop.stall)
         self.restores = 0  # checkpoint restores after failures so far (count against --max-restarts)
         self.suspended = False
         self.ckpt_dir = ""  # the job's checkpoint folder (launcher.loop.start_request.checkpoint_dir)
@@ -215,6 +217,13 @@ class LiveMode:
 
     def suspend(self, trigger: str) -> Outcome:
         return suspending.suspend(self, trigger)
+
+    def watch(self) -> None:
+        """Every poll: the pauses of past migrations that are now known, and whether training stalled."""
+        self.pauses.settle(self.ctl, self.recorder.db, self.log)
+        devices = list(self.current.devices) if self.current else []
+        self.stall.check(self.world, self.ctl.commit_times(self.world)[1], self.max_step(),
+                         lambda: self.ctl.where_workers_are(self.epoch + 1, devices))
 
     def finish_all(self, state: str | None, timeout: float) -> None:
         """Every worker ends (standby ones on a stop event); the job is recorded in `state` (None: left as is)."""

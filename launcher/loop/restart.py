@@ -18,11 +18,11 @@ import shutil
 import signal
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
 
 from launcher.loop.rank_errors import first_failure
 from launcher.wire.env import ENV_ERROR_DIR, ENV_RANK_BASE
+from launcher.wire.listen import serve_store
 from launcher.loop.outcome import MigrationFailed, Outcome
 from migrate.layout import ParallelConfig
 from migrate.topology import RankMap
@@ -61,11 +61,8 @@ class ScriptRendezvous:
 
     def new_world(self, world_size: int) -> int:
         """Drop the previous world's store and open a fresh one; returns its port."""
-        import torch.distributed as dist
-
         self.store = None  # the old server shuts down with its last reference
-        self.store = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=300))
+        self.store = serve_store(self.host, 0, timeout_s=300)
         self.world_size, self.opened = world_size, time.monotonic()
         return self.store.port
 

@@ -60,6 +60,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 from launcher.wire.env import ENV_STORE
+from launcher.wire.listen import serve_store
 
 KEY_SHAPES = "shapes"
 POLL_MIN_S, POLL_MAX_S = 0.0005, 0.02  # how often a waiting voter looks for the decision: first, at most
@@ -76,8 +77,8 @@ class Control:
         import torch.distributed as dist  # here, not at module load: ~1.5 s that `elastic-launch --help` and
         # its usage errors, and every module that only needs this file's key names, need not pay
         self.host, self.port = host, port
-        self.store = dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
-                                   timeout=timedelta(seconds=timeout_s))
+        self.store = serve_store(host, port, timeout_s) if server else \
+            dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
         self.port = self.store.port
         self.device: int | None = None  # this worker's device, known once it joins a world (runtime.worlds)
         self.marks: dict[str, float] = {}  # name -> wall time (time.time()) of what this worker did

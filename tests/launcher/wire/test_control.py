@@ -100,3 +100,41 @@ def test_polls_read_every_device_whether_all_some_or_none_have_reported() -> Non
     assert server.steps(devices) == {d: (10 if d % 2 == 0 else 20) + d for d in devices}
     assert _bare(server.results(3, reversed(devices))) == {d: {"ok": d % 2 == 0, "device": d} for d in devices}
     assert server.reported(3, devices) and server.results(4, devices) == {}
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses a TCP socket listens on at `port`, from the kernel's own tables."""
+    out = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in open(table).read().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr, hexport = local.split(":")
+            if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
+                out.add(addr if width == 8 else "v6:" + addr)
+    return out
+
+
+def test_the_store_listens_only_on_the_address_the_workers_are_told():
+    """A stranger on another interface cannot even connect (issue: the store listened on `*:PORT`)."""
+    server = Control("127.0.0.1", 0, server=True)
+    assert _listening(server.port) == {"0100007F"}  # 127.0.0.1, not 0.0.0.0 or [::]
+    worker = Control("127.0.0.1", server.port)
+    worker.set_json("loss", {"step": 1})
+    assert _result_of(server, "loss") == {"step": 1}
+    port = server.port
+    del server, worker
+    assert _listening(port) == set()  # the socket went with the store
+
+
+def _result_of(ctl: Control, key: str):
+    deadline = time.monotonic() + 10
+    while not ctl.has(key) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return ctl.get_json(key)
+
+
+def test_an_address_that_is_not_this_hosts_is_refused_with_what_to_do():
+    import pytest
+
+    with pytest.raises(RuntimeError, match="cannot listen on 192.0.2.1:0 .*--master-addr"):
+        Control("192.0.2.1", 0, server=True)
