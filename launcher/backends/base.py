@@ -204,6 +204,10 @@ class NodeBackend(Protocol):
         backend sees every worker's end itself (local processes). steps=False: the cluster's word only, nothing
         started on the nodes (cheap enough to ask every few seconds)."""
 
+    def draining(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Which of `nodes` the cluster drains (an admin takes them out of service), each with what it says;
+        the launcher leaves them by a live shrink (launcher.loop.drain). {} where nothing drains nodes."""
+
     def forget(self, node: str) -> list[str]:
         """`node` is gone: never start workers there again, take it out of the allocation as far as the
         cluster lets (Slurm may have done so itself); returns notes for the log and audit."""

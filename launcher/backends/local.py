@@ -58,6 +58,9 @@ class LocalNodes:
     def unreachable(self, nodes, steps: bool = True) -> dict[str, str]:
         return {}  # every worker is a child process: its end is seen, nothing goes quiet unseen
 
+    def draining(self, nodes) -> dict[str, str]:
+        return {}  # no cluster drains this machine's simulated nodes
+
     def forget(self, node: str) -> list[str]:
         return []
 

@@ -17,6 +17,7 @@ from launcher.loop import live_plan, suspend as suspending
 from launcher.loop.live_plan import LayoutError, ManifestError
 from launcher.loop.outcome import MigrationFailed, Outcome, TrainingEnded
 from launcher.loop.pauses import PendingPauses
+from launcher.loop.drain import DrainWatch
 from launcher.loop.probe import NodeProbe
 from launcher.loop.stall import StallWatch
 from migrate.topology import RankMap
@@ -34,6 +35,7 @@ class LiveMode:
         self.world = "w0"  # the process-group world the current layout trains in
         self.pauses = PendingPauses()  # migrations whose pause is known once the new layout commits a step
         self.stall = StallWatch(self.log)  # steps that stop with no known cause are said (launcher.loop.stall)
+        self.drain = DrainWatch(workers.backend.draining, self.log)  # nodes the cluster drains are left
         self.restores = 0  # checkpoint restores after failures so far (count against --max-restarts)
         self.suspended = False
         self.ckpt_dir = ""  # the job's checkpoint folder (launcher.loop.start_request.checkpoint_dir)
@@ -219,11 +221,21 @@ class LiveMode:
         return suspending.suspend(self, trigger)
 
     def watch(self) -> None:
-        """Every poll: the pauses of past migrations that are now known, and whether training stalled."""
+        """Every poll: the pauses of past migrations that are now known, whether training stalled, and whether
+        the cluster drains nodes the job can leave (a live shrink off them)."""
         self.pauses.settle(self.ctl, self.recorder.db, self.log)
         devices = list(self.current.devices) if self.current else []
         self.stall.check(self.world, self.ctl.commit_times(self.world)[1], self.max_step(),
                          lambda: self.ctl.where_workers_are(self.epoch + 1, devices))
+        active = self.workers.active
+        leave = self.drain.due(active, self.opts.min_nodes, self.workers.backend.batch_node)
+        if leave and self.current is not None:
+            why = "; ".join(f"{n}: {w}" for n, w in leave.items())
+            self.log(f"the cluster drains {', '.join(leave)} ({why}): moving the job off")
+            self.recorder.audit("drain", f"the cluster drains {why}: the job leaves them")
+            out = self.migrate_to([n for n in active if n not in leave], "preempt")
+            if out.migration_id is not None:
+                self.recorder.notes(out.migration_id, [f"drained by the cluster: {why}"])
 
     def finish_all(self, state: str | None, timeout: float) -> None:
         """Every worker ends (standby ones on a stop event); the job is recorded in `state` (None: left as is)."""

@@ -17,6 +17,16 @@ from launcher.backends.slurm.parse import GONE_STATES
 PROBE_STEP_S = 15.0  # a one-task step on a node whose slurmd is gone: srun gives up after MessageTimeout (10 s)
 
 
+def find_draining(slurm, nodes: Sequence[str]) -> dict[str, str]:
+    """node -> what Slurm says, for the `nodes` it drains (DRAINING, DRAINED, or a state with +DRAIN)."""
+    try:
+        states = slurm.node_states(nodes)
+    except SlurmError as exc:  # slurmctld busy: asked again at the next look
+        print(f"[elastic-launch] reading node states failed: {exc}", file=sys.stderr, flush=True)
+        return {}
+    return {n: f"Slurm says it is {state}" for n, (state, _) in states.items() if n in nodes and "drain" in state}
+
+
 def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, dict]] | None) -> dict[str, str]:
     """node -> what showed it gone, for the `nodes` that are. `step_of(node)` -> (srun --jobid, options) of
     the job or component that holds it (its het_group); None: Slurm's word only, no step, and only a node

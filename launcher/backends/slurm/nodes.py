@@ -34,7 +34,7 @@ from launcher.backends.slurm.commands import (
     build_shrink_command,
     build_srun_command,
 )
-from launcher.backends.slurm.health import find_gone, lost_gres
+from launcher.backends.slurm.health import find_draining, find_gone, lost_gres
 from launcher.backends.slurm.parse import JobInfo, parse_task_end
 from launcher.backends.slurm.holdings import (
     COMPANION,
@@ -116,14 +116,12 @@ class SlurmNodes:
         return self.gpus.get(node, self.gpus_per_node)
 
     def component_of(self, node: str) -> int:
-        """The heterogeneous-job component `node` belongs to (a companion's: the one it extends); 0 for
-        a plain job."""
+        """The heterogeneous-job component `node` belongs to (a companion's: the one it extends); 0: plain job."""
         h = self.holder(node)
         return h.component if h is not None and h.component is not None else 0
 
     def first_device(self, node: str) -> int:
-        """Device id of `node`'s GPU 0: nodes are numbered in the order they were first held, as the
-        launcher's topology (migrate.topology.Topology.of_nodes) numbers them."""
+        """Device id of `node`'s GPU 0, numbered in the order nodes were first held (Topology.of_nodes)."""
         first = 0
         for n in self.order:
             if n == node:
@@ -153,10 +151,8 @@ class SlurmNodes:
         return socket.gethostbyname(socket.gethostname()) if self.info.batch_host else "127.0.0.1"
 
     def step_env(self, node: str, index: int, base: Mapping[str, str]) -> dict[str, str]:
-        env = dict(base)
-        env.update({ENV_NODE: node, ENV_NODE_INDEX: str(index), ENV_FIRST_DEVICE: str(self.first_device(node)),
-                    ENV_GPUS_PER_NODE: str(self.gpus_on(node))})
-        return env
+        return {**base, ENV_NODE: node, ENV_NODE_INDEX: str(index), ENV_FIRST_DEVICE: str(self.first_device(node)),
+                ENV_GPUS_PER_NODE: str(self.gpus_on(node))}
 
     def job_of(self, node: str) -> int:
         """The Slurm job holding `node` (a component's or companion's own id), else the launcher's own."""
@@ -222,6 +218,9 @@ class SlurmNodes:
     # -- a node gone without a word (launcher.loop.probe) ------------------------------------------------
     def unreachable(self, nodes: Sequence[str], steps: bool = True) -> dict[str, str]:
         return find_gone(self.slurm, nodes, self.step_of if steps else None)
+
+    def draining(self, nodes: Sequence[str]) -> dict[str, str]:
+        return find_draining(self.slurm, nodes)
 
     def check_gres(self) -> str | None:
         """A requeued run: where Slurm refuses GPU requests (slurm.health.lost_gres), steps ask --gres=none."""

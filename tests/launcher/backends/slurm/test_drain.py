@@ -1,0 +1,63 @@
+"""An admin drains a node the job trains on (`scontrol update nodename=... state=drain`): the launcher sees
+it at its next look at Slurm's node states and leaves the node by a live shrink by itself -- a succeeded,
+bit-exact `preempt` migration noted "drained by the cluster", every committed step's loss equal to an
+uninterrupted run -- and gives it back, so Slurm shows it DRAINED with no job on it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from db.store import migration_notes
+from launcher.backends.slurm.client import SlurmCommands
+from tests.launcher.backends.slurm.test_chaos import _failures, _last_step, training_on_two_nodes
+from tests.launcher.backends.slurm.test_launch_slurm import _gone, wait
+from tests.launcher.backends.slurm.test_node_crash import _all_idle
+from tests.launcher.loop.test_faults import check_curve, read_losses
+from tests.paths import ROOT
+
+pytestmark = pytest.mark.slurm
+STEPS = 100
+
+
+def _scontrol(testbed, *args: str) -> None:
+    subprocess.run(["scontrol", *args], env=testbed.env(), check=True, capture_output=True, text=True)
+
+
+def test_a_drained_node_is_left_live_and_given_back(slurm_testbed, tmp_path):
+    slurm = SlurmCommands(env=slurm_testbed.env())
+    url, loss_file = f"sqlite:///{tmp_path}/e.db", tmp_path / "loss.txt"
+    wait("every node idle", lambda: _all_idle(slurm_testbed), timeout=120)
+    script = f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=2 --gres=gpu:2 --job-name=elastic-drain --output={tmp_path}/batch.out --chdir={tmp_path}
+export PYTHONPATH={ROOT}
+exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layouts pp2dp2,pp2dp1 --placement resilient \\
+    --checkpoint-every 0 --db {url} --log-dir {tmp_path}/logs -- python -m launcher.worker --layers 4 --hidden 128 \\
+    --vocab 512 --log-every 0 --loss-file {loss_file} --steps {STEPS} --step-sleep 0.2
+"""
+    job_id = slurm.submit(script)
+    drained = None
+    try:
+        store, job, batch, procs = training_on_two_nodes(slurm, job_id, url, "elastic-drain", loss_file)
+        drained = next(n for n in procs if n != batch)
+        _scontrol(slurm_testbed, "update", f"nodename={drained}", "state=drain", "reason=elastic-test")
+        (mig,) = wait("the shrink off the drained node", lambda: _failures(store, job.id, 1), timeout=90)
+        assert (mig.trigger, mig.status, mig.bit_exact) == ("preempt", "succeeded", True), mig.error
+        assert (mig.from_layout, mig.to_layout) == ("pp2tp1dp2", "pp2tp1dp1")
+        wait("the migration's note", lambda: any("drained by the cluster" in n for n in
+                                                 migration_notes(_failures(store, job.id, 1)[0])), timeout=30)
+        wait("Slurm's job without the node", lambda: slurm.job_info(job_id).nodes == [batch], timeout=60)
+        wait(f"{drained} drained with no job", lambda: slurm_testbed.node_states().get(drained) == "drain",
+             timeout=60)
+        wait("the job to end", lambda: _gone(slurm, job_id), timeout=180)
+        assert store.find_job("elastic-drain").state == "finished"
+        check_curve(read_losses(loss_file), STEPS)
+    finally:
+        try:
+            slurm.cancel(job_id)
+        except Exception:
+            pass
+        if drained is not None:
+            _scontrol(slurm_testbed, "update", f"nodename={drained}", "state=resume")
+            wait("every node idle again", lambda: _all_idle(slurm_testbed), timeout=120)
