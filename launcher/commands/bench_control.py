@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--groups", default="2,4,8",
                    help="sizes of the real gloo process groups the vote's messages are measured on (default 2,4,8)")
     p.add_argument("--processes", type=int, default=8, help="processes the simulated ranks are threads of (default 8)")
+    p.add_argument("--steady", type=int, default=0, metavar="STEPS",
+                   help="also run the reference GPT and examples/mixer_live.py this many steps on 2 nodes x 2 "
+                        "devices (local backend) and report the share of each step the runtime takes (default: not)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
 
@@ -36,6 +39,8 @@ def _sizes(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     if not 2 <= args.ranks <= MAX_RANKS:
         raise UsageError(f"--ranks {args.ranks}: from 2 to {MAX_RANKS}")
+    if args.steady < 0:
+        raise UsageError("--steady: a number of steps (0: not run)")
     if args.seconds < 2:
         raise UsageError("--seconds: at least 2 (events are posted one at a time while rank 0 steps)")
     sizes = _sizes(args.groups)
@@ -51,5 +56,14 @@ def run(args: argparse.Namespace) -> int:
         say(f"bench-control: the vote's messages on a real gloo process group of {n} processes")
         measured.append(groups.measure(n, seconds=min(args.seconds, 5.0)))
     out = combine(store, measured)
+    if args.steady:
+        import tempfile
+        from pathlib import Path
+
+        from launcher.controlbench import steady
+
+        say("bench-control: live mode's steady-state cost on real steps")
+        with tempfile.TemporaryDirectory(prefix="elastic-steady-") as tmp:
+            out["steady"] = steady.measure(Path(tmp), args.steady, say)
     print(json.dumps(out, indent=1) if args.json else describe(out))
     return 0

@@ -70,4 +70,11 @@ def describe(out: dict) -> str:
                      f"{ev if ev is not None else float('nan'):>19.1f}  {fail if fail is not None else float('nan'):>17.0f}"
                      f"  | {g['model']['step_ms']:.2f}, {g['model']['event_to_agreement_ms']:.1f}, "
                      f"{g['model']['failure_to_abort_ms']:.0f}")
+    for run in out.get("steady", []):
+        if run["error"]:
+            lines.append(f"  steady state, {run['job']}: {run['error']}")
+        else:
+            lines.append(f"  steady state, {run['job']}: a step {run['step_ms']:.1f} ms; the runtime's share "
+                         f"{100 * run['runtime_share']:.2f} % (boundary {run['boundary_ms']:.2f} ms, vote "
+                         f"{run['vote_ms']:.2f} ms, medians; {run['workers']} workers, {run['steps']} steps)")
     return "\n".join(lines)

@@ -22,11 +22,13 @@ from launcher.runtime.layout import Layout, device_mesh, parse_layout
 from launcher.runtime.migration import Migration
 from launcher.runtime.sockets import cut_collective_sockets
 from launcher.runtime.state import OptimizerSettings, export_local, rebind, state_views, unbind
+from launcher.runtime.suspend import suspend
 from launcher.runtime.threads import GlooThreads, nice_from_env
+from launcher.runtime.overhead import StepCost
 from launcher.runtime.vote import StepVote
 from launcher.runtime.worlds import Worlds, forget_old_meshes
 from launcher.wire.control import Control, WorldAborted
-from launcher.wire.env import ENV_CKPT_DIR, ENV_STORE
+from launcher.wire.env import ENV_STORE
 from migrate.cma import enabled_from_env as cma_enabled_from_env
 
 
@@ -59,6 +61,7 @@ class Job:
         self.epoch = first_event_from_env()
         self.devices: list[int] = []
         self.vote = StepVote(ctl)  # every optimizer step's commit (launcher.runtime.vote)
+        self.cost = StepCost()  # what the runtime costs a step ($ELASTIC_RUNTIME_STATS)
         self.migrations = 0
         self.world: str | None = None  # the training world (launcher.wire.control: w<event>)
         self.broken = False  # a step failed because a peer did: wait for the launcher's recovery event
@@ -93,6 +96,12 @@ class Job:
         """Call before every step: publishes progress, applies a migration or stop that is due here.
         True: run step `job.step` now (it counts from 1: `job.step` already is the step being run inside the
         loop, and `until=N` runs steps 1..N); False: the job is over for this worker (exit)."""
+        t0, epoch = time.perf_counter(), self.epoch
+        going = self._next_step(until)
+        self.cost.boundary(t0, time.perf_counter(), epoch == self.epoch)  # launcher.runtime.overhead
+        return going
+
+    def _next_step(self, until: int | None) -> bool:
         while True:
             live = self.model is not None and not self.broken
             if live:
@@ -164,7 +173,9 @@ class Job:
             return  # a second optimizer.step() in the same step
         runtime_faults.die_at(self.fault, "step", self.step, self.log)
         self.ctl.mark("voted")
+        t0 = time.perf_counter()
         verdict = self.vote.vote(self.world, self.step - 1, self.layout.rank, self.layout.world_size, self.epoch)
+        self.cost.voted(time.perf_counter() - t0)
         if not verdict.committed:
             why = f" ({type(verdict.failure).__name__}: {str(verdict.failure)[:200]})" if verdict.failure else ""
             raise runtime_faults.StepAborted(f"step {self.step} abandoned: a worker of {self.world} failed{why}")
@@ -197,11 +208,6 @@ class Job:
     def _my_manifest(self):
         return self.builder.manifests(self.layout.name)[self.layout.rank]
 
-    def _save_checkpoint(self) -> str:
-        """This rank's part of a checkpoint of the current step (every rank of the world calls it)."""
-        return runtime_ckpt.save(self.ckpt_dir, state_views(self.model, self.optimizer), self._my_manifest(),
-                                 self.layout.dp_tp_mesh, self.carried, self.step, self.layout.rank)
-
     def _extras_state(self) -> dict:
         return {k: copy.deepcopy(v.state_dict()) for k, v in self.carried.items()}
 
@@ -220,7 +226,7 @@ class Job:
             if kind == "resume":  # a migration did not commit: train on the old layout again
                 return self._resume(ev)
             if kind == "suspend":
-                return self._suspend(ev)
+                return suspend(self, ev)
             if kind == "exit":
                 return self.device not in ev["devices"]
         except WorldAborted as exc:  # a member died before the world formed: the launcher recovers
@@ -258,24 +264,6 @@ class Job:
         self._enter(ev["layout"], ev["devices"], f"w{ev['epoch']}", held["local"])
         self.log(f"resumed as rank {self.layout.rank} of {self.layout.name} at step {self.step}")
         return True
-
-    def _suspend(self, ev: dict) -> bool:
-        """Write the state once at the agreed boundary (every training rank its part), then end."""
-        if self.model is None or self.broken or self.device not in self.devices:
-            return False
-        result: dict = {"ok": False, "step": self.step, "phases": {}}
-        t0 = time.perf_counter()
-        try:
-            if not self.ckpt_dir:
-                raise RuntimeError(f"${ENV_CKPT_DIR} is unset")
-            path = self._save_checkpoint()
-            result.update(ok=True, path=path, phases={"other": time.perf_counter() - t0})
-            self.log(f"suspended: state of step {self.step} written to {path}")
-        except runtime_ckpt.failures() as exc:
-            result["error"] = f"device {self.device}: checkpoint of step {self.step} failed: {type(exc).__name__}: {exc}"
-            self.log(result["error"])
-        self.ctl.set_result(ev["epoch"], self.device, result)  # the launcher reads the folder once all reported
-        return False
 
     def _enter(self, layout: str, devices: list[int], world: str, local: dict | None, keep: bool = False) -> float:
         """Join the layout's world, build model and optimizer there, fill them with `local` if given;
@@ -330,6 +318,7 @@ class Job:
         import torch.distributed as dist
 
         self.safety.settle()
+        self.cost.write(self.device)
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
