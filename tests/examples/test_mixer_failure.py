@@ -72,6 +72,13 @@ def _kill(devices: list[int]):
     return act
 
 
+def _kept_step(worker_log: Path) -> int:
+    """The step a worker said it held when its step failed (launcher.runtime.job._abandon's line)."""
+    import re
+
+    return int(re.findall(r"state kept at step (\d+)", worker_log.read_text())[0])
+
+
 def _run(tmp_path: Path, kill: list[int], at_step: int, checkpoint_every: int = 0):
     la = _launcher(tmp_path, 2, checkpoint_every)
     rc = _drive(la, at_step, _kill(kill), tmp_path / "pace")
@@ -109,7 +116,12 @@ def test_lost_tp_shard_restarts_from_the_safety_checkpoint(tmp_path: Path) -> No
         (again if s in first and s > restored else first)[s] = (loss, n)
     assert sorted(first) == list(range(1, STEPS + 1)), rows
     assert again and all(again[s] == first[s] for s in again), (again, first)
-    assert min(again) == restored + 1 and migs[0].steps_lost == len(again)
+    # the steps lost: from the checkpoint to the step the survivors held (a step they committed as the peers
+    # died -- rank 0 settled it, then its messages failed -- counts, though its loss line may be missing: the
+    # script's own collective after optimizer.step() failed with the peers, before it logged)
+    kept = _kept_step(next(tmp_path.glob("logs*/worker-dev0.log")))
+    assert min(again) == restored + 1 and max(again) <= kept and migs[0].steps_lost == kept - restored, \
+        (again, kept, migs[0].steps_lost)
     assert_state_carried(dump, STEPS)
     assert job.state == "finished"
 
