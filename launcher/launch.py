@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                                              fork_server=not args.fresh_processes,
                                              node_gpus=opts.node_gpus)
         check_allocation(opts, backend)
+        if opts.policy == "opportunistic" and backend.cluster_view() is None:
+            raise UsageError("--policy opportunistic reads a Slurm partition's idle nodes and queue, and none could "
+                             "be read: run it in an sbatch allocation (the local backend has neither)")
         if args.master_addr is None:
             opts.master_addr = backend.default_master_addr()
         if args.dry_run:

@@ -120,6 +120,18 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="address workers use to reach the control plane (default: this host's name; 127.0.0.1 "
                         "for the local backend)")
     p.add_argument("--master-port", type=int, default=0, help="control-plane port (default: a free port)")
+    p.add_argument("--policy", choices=("manual", "opportunistic"), default="manual",
+                   help="manual (default): the job changes size only when asked (elastic resize/preempt, the "
+                        "dashboard, a signal); opportunistic (Slurm, live mode): it grows into its partition's idle "
+                        "nodes up to MAX and gives nodes above MIN back when a job pending there needs them "
+                        "(launcher/policy/opportunistic.py)")
+    p.add_argument("--policy-idle", type=float, default=30.0, metavar="S",
+                   help="opportunistic: seconds nodes must stay idle, with no job pending, before the job grows "
+                        "onto them (default 30)")
+    p.add_argument("--policy-dwell", type=float, default=60.0, metavar="S",
+                   help="opportunistic: seconds after any resize before the next grow (default 60)")
+    p.add_argument("--policy-max-per-hour", type=int, default=12, metavar="N",
+                   help="opportunistic: at most this many policy resizes in any hour, yields included (default 12)")
     p.add_argument("--on-signal", choices=SIGNAL_ACTIONS, default="shrink",
                    help="what SIGUSR1 (Slurm's warning, #SBATCH --signal=B:USR1@60) does: shrink to MIN nodes, "
                         "suspend (stop the workers at a step boundary, mark the job suspended), or ignore "
@@ -210,6 +222,10 @@ class Options:
     mode: str = "auto"  # live | restart | auto (restart until the workers join through launcher.runtime)
     term_timeout: float = 30.0
     max_restarts: int = 3
+    policy: str = "manual"  # manual | opportunistic (launcher.policy.opportunistic)
+    policy_idle: float = 30.0
+    policy_dwell: float = 60.0
+    policy_max_per_hour: int = 12
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -237,6 +253,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError(f"--companion-timeout must be a positive number of seconds, got {args.companion_timeout}")
     if args.term_timeout < 0 or args.max_restarts < 0:
         raise UsageError("--term-timeout and --max-restarts must not be negative")
+    if args.policy_idle < 0 or args.policy_dwell < 0 or args.policy_max_per_hour < 1:
+        raise UsageError("--policy-idle and --policy-dwell must not be negative, --policy-max-per-hour at least 1")
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be 0 (off) or a number of steps, got {args.checkpoint_every}")
     from launcher.policy.layouts import NoLayoutError, check_node_range
@@ -260,7 +278,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
                    companion_timeout=args.companion_timeout, model=model,
                    checkpoint_dir=args.checkpoint_dir, resume=args.resume, placement=args.placement,
                    release_early=args.release_early, node_gpus=node_gpus, mode=args.mode,
-                   term_timeout=args.term_timeout, max_restarts=args.max_restarts,
+                   term_timeout=args.term_timeout, max_restarts=args.max_restarts, policy=args.policy,
+                   policy_idle=args.policy_idle, policy_dwell=args.policy_dwell,
+                   policy_max_per_hour=args.policy_max_per_hour,
                    checkpoint_every=auto_checkpoint_every(lo, hi, node_gpus or gpn, layouts, model, args.placement)
                    if args.checkpoint_every is None else args.checkpoint_every,
                    checkpoint_auto=args.checkpoint_every is None)

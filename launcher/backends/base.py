@@ -208,6 +208,11 @@ class NodeBackend(Protocol):
         """Which of `nodes` the cluster drains (an admin takes them out of service), each with what it says;
         the launcher leaves them by a live shrink (launcher.loop.drain). {} where nothing drains nodes."""
 
+    def cluster_view(self):
+        """What the cluster says of the job's partition now, for --policy opportunistic
+        (launcher.policy.opportunistic.ClusterView: idle nodes, jobs pending there, the job's own left out);
+        None where there is no cluster to read or it did not answer."""
+
     def forget(self, node: str) -> list[str]:
         """`node` is gone: never start workers there again, take it out of the allocation as far as the
         cluster lets (Slurm may have done so itself); returns notes for the log and audit."""

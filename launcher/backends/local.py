@@ -61,6 +61,9 @@ class LocalNodes:
     def draining(self, nodes) -> dict[str, str]:
         return {}  # no cluster drains this machine's simulated nodes
 
+    def cluster_view(self):
+        return None  # no queue, no other jobs: --policy opportunistic needs Slurm
+
     def forget(self, node: str) -> list[str]:
         return []
 

@@ -27,7 +27,8 @@ FIELDS = """\
 fields of --json (and --csv's columns), one object per migration:
   id, job_id, job_name   the migration and its job
   kind                   live (state moved between running workers) or restart (workers stopped, new world)
-  trigger                resize, preempt, signal, failure, dashboard, demo
+  trigger                resize, preempt, signal, failure, dashboard, demo, requeue, policy (--policy
+                         opportunistic: its reason is in notes)
   status                 succeeded, failed, declined (gave up with nothing wrong), running, planned
   from_layout, to_layout parallel layouts, e.g. pp2tp2dp1
   started_at, finished_at  UTC, ISO 8601
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", help="only migrations started at/after this ISO date or time")
     parser.add_argument("--until", help="only migrations started at/before this ISO date or time")
     parser.add_argument("--status", help="planned, running, succeeded, failed or declined")
-    parser.add_argument("--trigger", help="resize, preempt, signal, failure, dashboard or demo")
+    parser.add_argument("--trigger", help="resize, preempt, signal, failure, dashboard, demo, requeue or policy")
     parser.add_argument("--limit", default="50", help="rows to show (1..1000, default 50)")
     parser.add_argument("--offset", default="0", help="rows to skip (default 0)")
     parser.add_argument("--rank-maps", action="store_true",

@@ -8,11 +8,14 @@ they share; what is checked here is what only the running job knows (its node co
 from __future__ import annotations
 
 from db.requests import validate_request
+from launcher.loop.autoscale import REQUESTER
 from launcher.loop.outcome import Outcome
 
 
 def trigger_of(la, req) -> str:
-    """The migration trigger a request is recorded under: dashboard, preempt or resize."""
+    """The migration trigger a request is recorded under: policy, dashboard, preempt or resize."""
+    if req.requested_by.startswith(REQUESTER):
+        return "policy"
     for row in la.db.audit_log(limit=100, target=f"job:{la.job_id}"):
         if f"request {req.id} queued" in row.result and "via CLI" not in row.result:
             return "dashboard"
@@ -53,4 +56,6 @@ def handle_request(la, req) -> None:
     trigger = trigger_of(la, req)
     la.log(f"request {req.id}: {req.action} {req.params} ({trigger})")
     out = carry_out(la, req, trigger)
+    if trigger == "policy" and out.migration_id is not None:  # why the policy asked (launcher.loop.autoscale)
+        la.db.add_migration_notes(out.migration_id, [req.requested_by])
     la.db.complete_request(req.id, "done" if out.ok else "failed", out.message)

@@ -20,11 +20,11 @@ from launcher.runtime.events import EventBoundary
 from launcher.runtime.env import checkpoints_from_env, device_from_env, first_event_from_env
 from launcher.runtime.layout import Layout, device_mesh, parse_layout
 from launcher.runtime.migration import Migration
+from launcher.runtime.overhead import StepCost
 from launcher.runtime.sockets import cut_collective_sockets
 from launcher.runtime.state import OptimizerSettings, export_local, rebind, state_views, unbind
 from launcher.runtime.suspend import suspend
 from launcher.runtime.threads import GlooThreads, nice_from_env
-from launcher.runtime.overhead import StepCost
 from launcher.runtime.vote import StepVote
 from launcher.runtime.worlds import Worlds, forget_old_meshes
 from launcher.wire.control import Control, WorldAborted

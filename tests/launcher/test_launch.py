@@ -85,6 +85,8 @@ def test_worker_help_is_clear():
     (["--backend", "slurm", "--nnodes", "1"], "needs a job"),
     (["--db", "nosuchdriver://x/y", "--backend", "local", "--nnodes", "1"], ""),
     (["--db", "sqlite:////nonexistent-dir/sub/e.db", "--backend", "local", "--nnodes", "1"], ""),
+    (["--backend", "local", "--nnodes", "1:2", "--policy", "opportunistic"], "run it in an sbatch allocation"),
+    (["--backend", "local", "--nnodes", "1:2", "--policy-max-per-hour", "0"], "--policy-max-per-hour at least 1"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(argv, message, fake_slurm, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -27,6 +27,21 @@ def find_draining(slurm, nodes: Sequence[str]) -> dict[str, str]:
     return {n: f"Slurm says it is {state}" for n, (state, _) in states.items() if n in nodes and "drain" in state}
 
 
+def partition_view(slurm, partition: str, own: set[int]):
+    """What launcher.policy.opportunistic reads: the idle nodes of `partition` (all partitions when empty) and
+    the jobs pending there, in squeue's order, but the elastic job's own (`own`: itself, its companions)."""
+    from launcher.policy.opportunistic import pending_view
+
+    try:
+        nodes, jobs = slurm.nodes(), slurm.jobs()
+    except SlurmError as exc:  # slurmctld busy: nothing decided this time
+        print(f"[elastic-launch] reading the partition failed: {exc}", file=sys.stderr, flush=True)
+        return None
+    idle = [n.name for n in nodes if n.state == "idle" and (not partition or partition in n.partitions)]
+    return pending_view(idle, [j for j in jobs if j.state == "PENDING" and j.job_id not in own
+                               and (not partition or j.partition == partition)])
+
+
 def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, dict]] | None) -> dict[str, str]:
     """node -> what showed it gone, for the `nodes` that are. `step_of(node)` -> (srun --jobid, options) of
     the job or component that holds it (its het_group); None: Slurm's word only, no step, and only a node

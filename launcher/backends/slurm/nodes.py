@@ -34,7 +34,7 @@ from launcher.backends.slurm.commands import (
     build_shrink_command,
     build_srun_command,
 )
-from launcher.backends.slurm.health import find_draining, find_gone, lost_gres
+from launcher.backends.slurm.health import find_draining, find_gone, lost_gres, partition_view
 from launcher.backends.slurm.parse import JobInfo, parse_task_end
 from launcher.backends.slurm.holdings import (
     COMPANION,
@@ -132,8 +132,7 @@ class SlurmNodes:
     def allocation(self) -> list[str]:
         return [n for n in self.order if self.holds(n)]
 
-    def output_files(self, node: str, devices) -> list[Path]:
-        """One srun step, and one log, per node."""
+    def output_files(self, node: str, devices) -> list[Path]:  # one srun step, and one log, per node
         return [] if self.log_dir is None else [self.log_dir / f"step-{node}.log"]
 
     @property
@@ -215,12 +214,15 @@ class SlurmNodes:
                       "signalling srun", file=sys.stderr, flush=True)
         handle.signal(sig)
 
-    # -- a node gone without a word (launcher.loop.probe) ------------------------------------------------
+    # -- the cluster's word: a node gone (launcher.loop.probe), drained (loop.drain), the queue (policy) -----
     def unreachable(self, nodes: Sequence[str], steps: bool = True) -> dict[str, str]:
         return find_gone(self.slurm, nodes, self.step_of if steps else None)
 
     def draining(self, nodes: Sequence[str]) -> dict[str, str]:
         return find_draining(self.slurm, nodes)
+
+    def cluster_view(self):
+        return partition_view(self.slurm, self.info.partition, own=set(self.holders))
 
     def check_gres(self) -> str | None:
         """A requeued run: where Slurm refuses GPU requests (slurm.health.lost_gres), steps ask --gres=none."""
@@ -265,8 +267,7 @@ class SlurmNodes:
         return self.info.partition or ""
 
     def shape(self):
-        """What the next companion job asks for (slurm_holdings.companion_shape): like the component
-        that lost the most nodes, its partition and GPUs per node."""
+        """The next companion job's ask: like the component that lost the most nodes (companion_shape)."""
         return companion_shape(self.start_holders, list(self.holders.values()), self.gpus)
 
     def companion_command(self, job_name: str, n: int, nodes: int, exclude: Sequence[str]) -> tuple[list[str], str]:
@@ -346,8 +347,7 @@ class SlurmNodes:
                 report.log(f"cancelling companion job {cid} failed: {exc}")
 
     def adopt_companion(self, job_id: int, nodes: Sequence[str], batch_host: str | None) -> None:
-        """The companion job runs on `nodes`: its steps run the workers there from now on, as many per
-        node as the component it extends has (its shape)."""
+        """The companion job runs on `nodes`: its steps run the workers there now, shaped as it was asked."""
         shape = self.shapes.pop(int(job_id), None) or self.shape()
         self.holders[int(job_id)] = Holder(int(job_id), COMPANION, tuple(nodes), batch_host or nodes[0],
                                            shape.partition, shape.component)

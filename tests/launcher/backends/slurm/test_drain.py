@@ -5,17 +5,15 @@ uninterrupted run -- and gives it back, so Slurm shows it DRAINED with no job on
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
 from db.store import migration_notes
 from launcher.backends.slurm.client import SlurmCommands
-from tests.launcher.backends.slurm.test_chaos import _failures, _last_step, training_on_two_nodes
+from tests.launcher.backends.slurm.test_chaos import _failures, training_on_two_nodes
 from tests.launcher.backends.slurm.test_launch_slurm import _gone, wait
-from tests.launcher.backends.slurm.test_node_crash import _all_idle
+from tests.launcher.backends.slurm.test_node_crash import _all_idle, submit_reference_job
 from tests.launcher.loop.test_faults import check_curve, read_losses
-from tests.paths import ROOT
 
 pytestmark = pytest.mark.slurm
 STEPS = 100
@@ -27,16 +25,8 @@ def _scontrol(testbed, *args: str) -> None:
 
 def test_a_drained_node_is_left_live_and_given_back(slurm_testbed, tmp_path):
     slurm = SlurmCommands(env=slurm_testbed.env())
-    url, loss_file = f"sqlite:///{tmp_path}/e.db", tmp_path / "loss.txt"
-    wait("every node idle", lambda: _all_idle(slurm_testbed), timeout=120)
-    script = f"""#!/bin/bash
-#SBATCH --nodes=2 --ntasks-per-node=2 --gres=gpu:2 --job-name=elastic-drain --output={tmp_path}/batch.out --chdir={tmp_path}
-export PYTHONPATH={ROOT}
-exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layouts pp2dp2,pp2dp1 --placement resilient \\
-    --checkpoint-every 0 --db {url} --log-dir {tmp_path}/logs -- python -m launcher.worker --layers 4 --hidden 128 \\
-    --vocab 512 --log-every 0 --loss-file {loss_file} --steps {STEPS} --step-sleep 0.2
-"""
-    job_id = slurm.submit(script)
+    job_id, url, loss_file = submit_reference_job(slurm, slurm_testbed, tmp_path, "elastic-drain", steps=STEPS,
+                                                  step_sleep=0.2, sbatch="")
     drained = None
     try:
         store, job, batch, procs = training_on_two_nodes(slurm, job_id, url, "elastic-drain", loss_file)

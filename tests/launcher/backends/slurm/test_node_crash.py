@@ -33,16 +33,8 @@ def _all_idle(testbed) -> bool:
 
 def test_a_crashed_node_is_survived_from_replicas_and_the_job_grows_back_onto_it(slurm_testbed, tmp_path, capsys):
     slurm = SlurmCommands(env=slurm_testbed.env())
-    url, loss_file = f"sqlite:///{tmp_path}/e.db", tmp_path / "loss.txt"
-    wait("every node idle", lambda: _all_idle(slurm_testbed), timeout=120)
-    script = f"""#!/bin/bash
-#SBATCH --nodes=2 --ntasks-per-node=2 --gres=gpu:2 --no-kill --job-name=elastic-crash --output={tmp_path}/batch.out --chdir={tmp_path}
-export PYTHONPATH={ROOT}
-exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layouts pp2dp2,pp2dp1 --placement resilient \\
-    --checkpoint-every 0 --db {url} --log-dir {tmp_path}/logs -- python -m launcher.worker --layers 4 --hidden 128 \\
-    --vocab 512 --log-every 0 --loss-file {loss_file} --steps {STEPS} --step-sleep 0.25
-"""
-    job_id = slurm.submit(script)
+    job_id, url, loss_file = submit_reference_job(slurm, slurm_testbed, tmp_path, "elastic-crash", steps=STEPS,
+                                                  step_sleep=0.25)
     crashed = None
     try:
         store, job, batch, procs = training_on_two_nodes(slurm, job_id, url, "elastic-crash", loss_file)
@@ -72,6 +64,22 @@ exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layout
         check_curve(read_losses(loss_file), STEPS)
     finally:
         end_and_revive(slurm, job_id, slurm_testbed, crashed)
+
+
+def submit_reference_job(slurm, testbed, tmp_path, name: str, *, steps: int, step_sleep: float, nodes: int = 2,
+                         sbatch: str = "--no-kill", launch: str = ""):
+    """Once every testbed node is idle, submit Slurm job `name`: elastic-launch of the reference GPT, pp2dp2 or
+    pp2dp1 on up to 2 nodes x 2 GPUs (resilient placement), `nodes` to start with; (job id, db url, loss file)."""
+    url, loss_file = f"sqlite:///{tmp_path}/e.db", tmp_path / "loss.txt"
+    wait("every node idle", lambda: _all_idle(testbed), timeout=120)
+    script = f"""#!/bin/bash
+#SBATCH --nodes={nodes} --ntasks-per-node=2 --gres=gpu:2 {sbatch} --job-name={name} --output={tmp_path}/batch.out --chdir={tmp_path}
+export PYTHONPATH={ROOT}
+exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layouts pp2dp2,pp2dp1 --placement resilient \\
+    {launch} --checkpoint-every 0 --db {url} --log-dir {tmp_path}/logs -- python -m launcher.worker --layers 4 \\
+    --hidden 128 --vocab 512 --log-every 0 --loss-file {loss_file} --steps {steps} --step-sleep {step_sleep}
+"""
+    return slurm.submit(script), url, loss_file
 
 
 def end_and_revive(slurm, job_id: int, testbed, crashed: str | None) -> None:

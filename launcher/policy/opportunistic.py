@@ -1,0 +1,96 @@
+"""Elastic by itself: grow into nodes the cluster leaves idle, give them back when queued work needs them.
+
+Why: a job that changes size only when a person asks holds what it started with; on a shared cluster the
+point of an elastic job is to fill the holes the scheduler leaves and to yield them when a plain job can
+use them, with nobody in the loop and nothing lost (the Singularity paper's premise). The launcher looks at
+the cluster every few seconds (the job's partition: its idle nodes, the jobs pending there for resources,
+in Slurm's priority order) and this decides, purely:
+
+  yield  the first job pending for resources needs more nodes than are idle, and this job holds enough above
+         its --nnodes minimum to make up the difference: shrink by exactly that (at once: work waits);
+  grow   no job is pending for resources, nodes have stayed idle for `idle_s`, and this job is below its
+         maximum: grow onto them.
+
+Against thrashing: a grow waits `dwell_s` after any resize, and at most `max_per_hour` policy resizes
+happen in any hour (yields included). Each decision says why, for the history, the audit log and the log.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+WAITING_REASONS = ("Resources", "Priority")  # squeue's reasons of a job that would start on free nodes
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A job waiting in the queue of the elastic job's partition."""
+
+    job_id: int
+    name: str
+    nodes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What the cluster says now: the partition's idle nodes, its pending jobs in priority order."""
+
+    idle: tuple[str, ...]
+    pending: tuple[Pending, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    nodes: int  # the node count to resize to
+    reason: str
+
+
+class OpportunisticPolicy:
+    """One job's policy state (last resize, resizes this hour, since when nodes are idle)."""
+
+    def __init__(self, min_nodes: int, max_nodes: int, idle_s: float = 30.0, dwell_s: float = 60.0,
+                 max_per_hour: int = 12, clock: Callable[[], float] = time.monotonic) -> None:
+        self.min_nodes, self.max_nodes = min_nodes, max_nodes
+        self.idle_s, self.dwell_s, self.max_per_hour, self.clock = idle_s, dwell_s, max_per_hour, clock
+        self.idle_since: float | None = None
+        self.resizes: list[float] = []  # when each policy resize was decided
+
+    def decide(self, held: int, view: ClusterView) -> Decision | None:
+        now = self.clock()
+        self.resizes = [t for t in self.resizes if now - t < 3600]
+        if not view.idle:
+            self.idle_since = None
+        elif self.idle_since is None:
+            self.idle_since = now
+        if len(self.resizes) >= self.max_per_hour:
+            return None
+        waiting = [p for p in view.pending if p.reason in WAITING_REASONS]
+        if waiting:
+            return self._made(now, self._yield(held, waiting[0], len(view.idle)))
+        if (view.idle and held < self.max_nodes and now - self.idle_since >= self.idle_s
+                and (not self.resizes or now - self.resizes[-1] >= self.dwell_s)):
+            to = min(self.max_nodes, held + len(view.idle))
+            return self._made(now, Decision(to, f"{len(view.idle)} node(s) idle for {now - self.idle_since:.0f} s "
+                                                f"({', '.join(view.idle)}) and no job pending for them"))
+        return None
+
+    def _yield(self, held: int, first: Pending, idle: int) -> Decision | None:
+        short = first.nodes - idle
+        if short <= 0 or held - short < self.min_nodes:
+            return None  # it starts on the idle nodes, or this job cannot make up the difference
+        return Decision(held - short, f"job {first.job_id} ({first.name}) pending for {first.nodes} node(s) "
+                                      f"({first.reason}), {idle} idle: giving {short} back")
+
+    def _made(self, now: float, decision: Decision | None) -> Decision | None:
+        if decision is not None:
+            self.resizes.append(now)
+        return decision
+
+
+def pending_view(idle: Sequence[str], jobs: Sequence) -> ClusterView:
+    """A ClusterView from the partition's idle nodes and its jobs (slurm JobInfo-like: state, reason, ...),
+    pending ones kept in the order given (squeue's priority order)."""
+    return ClusterView(tuple(idle), tuple(Pending(j.job_id, j.name, max(j.num_nodes, 1), j.reason)
+                                          for j in jobs if j.state == "PENDING"))
