@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from launcher.runtime.events import EventBoundary
 from launcher.runtime.sockets import cut_collective_sockets
-from launcher.runtime.vote import StepVote
+from launcher.runtime.vote import StepVote, dissemination_rounds
 from launcher.wire.control import Control
 
 HOST = "127.0.0.1"
@@ -31,7 +31,7 @@ class _Timed:
         from launcher.runtime import vote
 
         self.spent = 0.0
-        self.ready, self.tell = self._timing(vote._ready), self._timing(vote._tell)
+        self.ready, self.tell = self._timing(vote.ready_messages), self._timing(vote.tell_messages)
 
     def _timing(self, send):
         def timed(flag, rank, n):
@@ -120,7 +120,7 @@ def measure(n: int, seconds: float = 5.0) -> dict:
     for p in procs:
         p.join(timeout=30)
     ms = [t * 1000 for info in got.values() for t in info["times"]]
-    hops = 2 * max(n - 1, 0).bit_length()  # launcher.runtime.vote.dissemination_rounds, twice
+    hops = 2 * dissemination_rounds(n)
     per_hop = [t * 1000 / hops for info in got.values() for t in info["messages"]] if hops else [0.0]
     killed = killed_at.value
     agreement = []

@@ -85,7 +85,8 @@ def _ranks(port: int, ranks: list[int], out, stop, fail, step) -> None:
     while not (stop.wait(0.05) or fail.wait(0.05)):
         pass
     beating_s = time.time() - started
-    local_fail.set() if fail.is_set() else None
+    if fail.is_set():
+        local_fail.set()
     local_stop.set()
     for t in threads:
         t.join(timeout=120)

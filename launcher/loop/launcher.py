@@ -281,7 +281,7 @@ class Launcher:
         if (step := self.max_step()) != self.last_step:  # what `elastic jobs` shows
             self.last_step = step
             self.db.update_job(self.job_id, last_step=step)
-        self.mode.watch()
+        self.mode.watch(step)
         exited = self.workers.exited()
         dead = {d: rc for d, rc in exited.items() if rc != 0}
         gone = {} if dead else self.mode.probe.gone(self.mode.world, list(self.current.devices))

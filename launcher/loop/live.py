@@ -223,12 +223,13 @@ class LiveMode:
     def suspend(self, trigger: str) -> Outcome:
         return suspending.suspend(self, trigger)
 
-    def watch(self) -> None:
-        """Every poll: the pauses of past migrations that are now known, whether training stalled, and whether
-        the cluster drains nodes the job can leave (a live shrink off them)."""
+    def watch(self, step: int) -> None:
+        """Every poll (`step`: the workers' furthest step, as this poll read it): the pauses of past migrations
+        that are now known, whether training stalled, the policy, and whether the cluster drains nodes the job
+        can leave (a live shrink off them)."""
         self.pauses.settle(self.ctl, self.recorder.db, self.log)
         devices = list(self.current.devices) if self.current else []
-        self.stall.check(self.world, self.ctl.commit_times(self.world)[1], self.max_step(),
+        self.stall.check(self.world, self.ctl.commit_times(self.world)[1], step,
                          lambda: self.ctl.where_workers_are(self.epoch + 1, devices))
         active = self.workers.active
         if self.autoscale is not None:

@@ -53,7 +53,7 @@ class StepVote:
 
     def __init__(self, ctl: Control, links=None) -> None:
         self.ctl = ctl
-        self.ready, self.tell = (_ready, _tell) if links is None else (links.ready, links.tell)
+        self.ready, self.tell = (ready_messages, tell_messages) if links is None else (links.ready, links.tell)
         self._beat = float("-inf")
         self._stamped: set[str] = set()  # worlds whose first commit rank 0 stamped
 
@@ -85,7 +85,7 @@ class StepVote:
         return Verdict(bool(flag[0]), bool(flag[1]))
 
 
-def _ready(flag, rank: int, n: int) -> None:
+def ready_messages(flag, rank: int, n: int) -> None:
     """Dissemination barrier: in round i, message rank + 2**i, hear from rank - 2**i."""
     import torch
     import torch.distributed as dist
@@ -99,7 +99,7 @@ def _ready(flag, rank: int, n: int) -> None:
         k <<= 1
 
 
-def _tell(flag, rank: int, n: int) -> None:
+def tell_messages(flag, rank: int, n: int) -> None:
     """Binomial tree from rank 0: in round i, ranks below 2**i send to rank + 2**i."""
     import torch.distributed as dist
 

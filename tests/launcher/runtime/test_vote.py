@@ -28,11 +28,11 @@ class _KillAt:
 
     def ready(self, flag, rank, n):
         self._maybe_die("ready")
-        vote_mod._ready(flag, rank, n)
+        vote_mod.ready_messages(flag, rank, n)
 
     def tell(self, flag, rank, n):
         self._maybe_die("tell")
-        vote_mod._tell(flag, rank, n)
+        vote_mod.tell_messages(flag, rank, n)
 
 
 def _rank(rank: int, n: int, port: int, kill, out) -> None:

@@ -11,7 +11,7 @@ import pytest
 from db.store import migration_notes
 from launcher.backends.slurm.client import SlurmCommands
 from tests.launcher.backends.slurm.test_chaos import _failures, training_on_two_nodes
-from tests.launcher.backends.slurm.test_launch_slurm import _gone, wait
+from tests.launcher.backends.slurm.test_launch_slurm import _gone, cancel_quietly, wait
 from tests.launcher.backends.slurm.test_node_crash import _all_idle, submit_reference_job
 from tests.launcher.loop.test_faults import check_curve, read_losses
 
@@ -44,10 +44,7 @@ def test_a_drained_node_is_left_live_and_given_back(slurm_testbed, tmp_path):
         assert store.find_job("elastic-drain").state == "finished"
         check_curve(read_losses(loss_file), STEPS)
     finally:
-        try:
-            slurm.cancel(job_id)
-        except Exception:
-            pass
+        cancel_quietly(slurm, job_id)
         if drained is not None:
             _scontrol(slurm_testbed, "update", f"nodename={drained}", "state=resume")
             wait("every node idle again", lambda: _all_idle(slurm_testbed), timeout=120)

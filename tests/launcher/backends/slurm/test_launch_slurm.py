@@ -103,6 +103,16 @@ def _log_has(path: Path, text: str) -> bool:
     return path.exists() and text in path.read_text()
 
 
+def cancel_quietly(slurm, *job_ids) -> None:
+    """scancel each job that is not None, whatever state it is in (a test's cleanup)."""
+    for job_id in job_ids:
+        try:
+            if job_id is not None:
+                slurm.cancel(job_id)
+        except Exception:
+            pass
+
+
 def _gone(slurm, job_id) -> bool:
     try:
         return slurm.job_info(job_id).state not in ("RUNNING", "COMPLETING")

@@ -11,7 +11,7 @@ import pytest
 from db.store import migration_notes
 from launcher.backends.slurm.client import SlurmCommands
 from tests.launcher.backends.slurm.test_chaos import _failures, _last_step
-from tests.launcher.backends.slurm.test_launch_slurm import _gone, _open, wait
+from tests.launcher.backends.slurm.test_launch_slurm import _gone, _open, cancel_quietly, wait
 from tests.launcher.backends.slurm.test_node_crash import _all_idle, submit_reference_job
 from tests.launcher.loop.test_faults import check_curve, read_losses
 
@@ -49,10 +49,5 @@ def test_the_job_grows_into_idle_nodes_and_yields_to_a_pending_job_by_itself(slu
         wait("the elastic job to end", lambda: _gone(slurm, job_id), timeout=240)
         check_curve(read_losses(loss_file), STEPS)
     finally:
-        for j in (plain, job_id):
-            try:
-                if j is not None:
-                    slurm.cancel(j)
-            except Exception:
-                pass
+        cancel_quietly(slurm, plain, job_id)
         wait("every node idle again", lambda: _all_idle(slurm_testbed), timeout=120)
