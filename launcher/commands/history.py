@@ -37,7 +37,8 @@ fields of --json (and --csv's columns), one object per migration:
   <phase>_s              seconds per phase (plan, build_groups, execute, rebuild, other, stop, start)
   bytes_moved            bytes that crossed between processes (null: not measured)
   bytes_checkpoint       what a checkpoint restart would have written and read instead
-  bit_exact              every moved piece's digest matched at both ends (null: not checked)
+  bit_exact              every moved piece's digest matched at both ends (null: nothing moved between
+                         processes, so nothing was compared; or not checked)
   at_step                the step boundary the new layout went on from (a restore: the checkpoint's step)
   steps_lost             committed steps run again (a restore from the safety checkpoint)
   error                  why it failed or was declined (or what went wrong after the commit)

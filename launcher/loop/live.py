@@ -192,13 +192,16 @@ class LiveMode:
         out.at_step = at if at is not None else min(steps) if steps else None
         out.bytes_moved = sum(r.get("bytes_moved", 0) for r in results.values())
         # every message's digests compared at both ends (migrate.reshard.execute verify=True; a
-        # mismatch anywhere fails every participant, so a committed move verified is bit-exact)
-        out.bit_exact = all(r.get("verified") for r in results.values())
+        # mismatch anywhere fails every participant, so a committed move verified is bit-exact); where no
+        # message crossed between processes (the survivors already held their state) nothing was checked,
+        # and the record says so (null) instead of claiming a comparison that never ran
+        pieces = sum(r.get("units_verified", 0) for r in results.values())
+        out.bit_exact = all(r.get("verified") for r in results.values()) if pieces else None
         self.recorder.succeeded(out, out.bytes_moved, out.bytes_checkpoint, error)
         out.ok, out.nodes_after = error is None, len(self.workers.active)
-        pieces = sum(r.get("units_verified", 0) for r in results.values())
+        checked = f"{pieces} pieces verified" if pieces else "nothing moved"
         out.message = error or f"{out.from_layout} -> {out.to_layout}, {len(before)} -> {out.nodes_after} nodes " \
-                               f"(live, at step {out.at_step}, {pieces} pieces verified, " \
+                               f"(live, at step {out.at_step}, {checked}, " \
                                f"{time.perf_counter() - t0:.2f} s)"
         for note in notes:
             out.message += "; " + note

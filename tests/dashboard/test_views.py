@@ -75,6 +75,15 @@ def test_migration_page(viewer: Any) -> None:
     assert viewer.get("/migrations/42").status_code == 404
 
 
+def test_a_migration_that_moved_nothing_claims_no_comparison(viewer: Any, store: Store) -> None:
+    """A recovery where the survivors already held their state moves no byte: the page says nothing was
+    compared instead of 'bit-exact' or 'not verified' (the record's bit_exact is null)."""
+    mid = store.start_migration(1, "pp2tp1dp2", "pp2tp1dp1", "failure", {}, {})
+    store.finish_migration(mid, "succeeded", 0, 1000, None, {"plan": 0.01})
+    verification = viewer.get(f"/migrations/{mid}").text.split('id="verification"', 1)[1].split("</p>", 1)[0]
+    assert "nothing to compare" in verification and "bit-exact" not in verification
+
+
 def test_migration_page_and_history_show_notes_and_why_declined(viewer: Any, store: Store) -> None:
     """The launcher's notes (workers SIGKILLed after --term-timeout, a component giving nodes back) and a
     decline's reason are on the migration page and in the history table, each note as its own item."""

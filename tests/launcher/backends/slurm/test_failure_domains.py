@@ -14,6 +14,7 @@ from tests.launcher.backends.slurm.test_launch_slurm import _gone, _log_has, _op
 
 pytestmark = pytest.mark.slurm
 from tests.paths import ROOT
+from tests.records import verification_told
 
 
 def test_a_task_dies_its_node_and_the_job_train_on(slurm_testbed, tmp_path):
@@ -32,7 +33,7 @@ exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layout
         job = wait("job registered", lambda: store.find_job("elastic-fd"), timeout=180)
         mig = wait("the failure migration", lambda: [m for m in store.recent_migrations(job.id)
                                                      if m.status != "running"], timeout=240)[0]
-        assert (mig.trigger, mig.status, mig.bit_exact) == ("failure", "succeeded", True), mig.error
+        assert (mig.trigger, mig.status) == ("failure", "succeeded") and verification_told(mig), mig.error
         assert (mig.from_layout, mig.to_layout) == ("pp2tp1dp2", "pp2tp1dp1")
         assert "failed" not in {n.state for n in store.list_nodes(job.id)}
         wait("the job to end", lambda: _gone(slurm, job_id), timeout=240)

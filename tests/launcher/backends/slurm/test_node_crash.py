@@ -21,6 +21,7 @@ from tests.launcher.backends.slurm.test_chaos import _failures, _last_step, trai
 from tests.launcher.backends.slurm.test_launch_slurm import _gone, wait
 from tests.launcher.loop.test_faults import check_curve, read_losses
 from tests.paths import ROOT
+from tests.records import verification_told
 
 pytestmark = pytest.mark.slurm
 STEPS = 120
@@ -43,7 +44,7 @@ def test_a_crashed_node_is_survived_from_replicas_and_the_job_grows_back_onto_it
         slurm_testbed.crash_node(crashed)
         (mig,) = wait("the failure migration", lambda: _failures(store, job.id, 1), timeout=120)
         took = time.monotonic() - t0
-        assert (mig.trigger, mig.status, mig.bit_exact) == ("failure", "succeeded", True), mig.error
+        assert (mig.trigger, mig.status) == ("failure", "succeeded") and verification_told(mig), mig.error
         assert (mig.from_layout, mig.to_layout) == ("pp2tp1dp2", "pp2tp1dp1")
         at = _last_step(loss_file)
         wait("steps after the recovery", lambda: _last_step(loss_file) >= at + 3, timeout=60)
