@@ -213,6 +213,10 @@ class NodeBackend(Protocol):
         (launcher.policy.opportunistic.ClusterView: idle nodes, jobs pending there, the job's own left out);
         None where there is no cluster to read or it did not answer."""
 
+    def announce(self, mark: str) -> None:
+        """Tell the cluster's other users what this job is (launcher.policy.peers.policy_mark: its policy and
+        node range), where every elastic job's policy reads it; nothing where there is no one to tell."""
+
     def forget(self, node: str) -> list[str]:
         """`node` is gone: never start workers there again, take it out of the allocation as far as the
         cluster lets (Slurm may have done so itself); returns notes for the log and audit."""

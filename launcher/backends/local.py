@@ -64,6 +64,9 @@ class LocalNodes:
     def cluster_view(self):
         return None  # no queue, no other jobs: --policy opportunistic needs Slurm
 
+    def announce(self, mark: str) -> None:
+        pass  # nobody else to tell
+
     def forget(self, node: str) -> list[str]:
         return []
 

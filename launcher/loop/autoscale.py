@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from launcher.policy.opportunistic import OpportunisticPolicy
+from launcher.policy.peers import policy_mark
 
 WATCH_S = 5.0  # how often the cluster is read
 REQUESTER = "policy"  # requested_by starts with it: launcher.loop.requests records trigger `policy`
@@ -25,8 +26,9 @@ class PolicyLoop:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.backend, self.recorder, self.log, self.clock = backend, recorder, log, clock
         self.policy = OpportunisticPolicy(opts.min_nodes, opts.max_nodes, opts.policy_idle, opts.policy_dwell,
-                                          opts.policy_max_per_hour, clock)
+                                          opts.policy_max_per_hour, clock, me=getattr(backend, "job_id", 0) or 0)
         self.watched = float("-inf")
+        self.announced = False
 
     def tick(self, held: int) -> None:
         """One look, at most every WATCH_S. A failure here is said and the job goes on: the policy is not
@@ -41,6 +43,13 @@ class PolicyLoop:
             self.log(f"policy: looking at the cluster failed ({type(exc).__name__}: {exc}); training goes on")
 
     def _look(self, held: int) -> None:
+        if not self.announced:  # the other elastic jobs' policies count this one in (launcher.policy.peers)
+            self.announced = True
+            try:
+                self.backend.announce(policy_mark("opportunistic", self.policy.min_nodes, self.policy.max_nodes))
+            except Exception as exc:  # noqa: BLE001 -- said; the policy still runs, the others just do not count it
+                self.log(f"policy: could not mark the job for other elastic jobs' policies ({exc}); "
+                         "they will not count it when they share idle nodes or a yield")
         db, job_id = self.recorder.db, self.recorder.job_id
         if db.pending_requests(job_id):
             return

@@ -19,6 +19,7 @@ from launcher.backends.slurm.allocation import Allocation, parse_show_job_detail
 from launcher.backends.slurm.commands import (
     build_batch_script_command,
     build_cancel_command,
+    build_comment_command,
     build_node_states_command,
     build_sbatch_command,
     build_show_job_command,
@@ -89,6 +90,8 @@ class SlurmClient(Protocol):
                extra_args: Sequence[str] = ()) -> int: ...
 
     def cancel(self, job_id: int) -> None: ...
+
+    def set_comment(self, job_id: int, comment: str) -> None: ...
 
     def signal(self, job_id: int, sig: int | str, batch: bool = False) -> None: ...
 
@@ -244,6 +247,10 @@ class SlurmCommands:
     def cancel(self, job_id: int) -> None:
         self._run(build_cancel_command(job_id), f"cancelling job {job_id}",
                   "check the job id with `squeue`")
+
+    def set_comment(self, job_id: int, comment: str) -> None:
+        self._run(build_comment_command(job_id, comment), f"marking job {job_id}",
+                  "the job must be yours and not finished; check it with `squeue`")
 
     def signal(self, job_id: int, sig: int | str, batch: bool = False) -> None:
         """Signal the job's steps, or with batch=True its batch shell."""

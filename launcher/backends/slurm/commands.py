@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from launcher.backends.slurm.hostlist import compress_hostlist
+from launcher.policy.peers import companion_mark
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -137,7 +138,8 @@ def companion_job_name(job_name: str, n: int) -> str:
 
 
 def build_companion_args(job_name: str, n: int, nodes: int, gpus_per_node: int, partition: str = "",
-                         exclude: Sequence[str] = (), output: str | Path | None = None) -> list[str]:
+                         exclude: Sequence[str] = (), output: str | Path | None = None,
+                         of_job: int | str | None = None) -> list[str]:
     """sbatch options of a companion job: `nodes` more whole nodes for a running elastic job.
 
     Slurm 22.05 cannot grow a job that holds GRES (`--dependency=expand` fails with "has
@@ -146,7 +148,9 @@ def build_companion_args(job_name: str, n: int, nodes: int, gpus_per_node: int, 
     per node, and starts the workers on them as steps of that job. `exclude` keeps the
     companion off nodes the job already holds (the scheduler would otherwise pack it onto their
     free cores). `--no-requeue`: a companion that lost a node must not come back on its own;
-    `--no-kill`: one of its nodes crashing must not take the others (launcher.loop.probe).
+    `--no-kill`: one of its nodes crashing must not take the others (launcher.loop.probe). `of_job`: the
+    main job, named in the comment so that other elastic jobs' policies know the pending companion for a
+    grow, not work to yield to, and count its nodes as this job's (launcher.policy.peers).
     """
     if nodes < 1:
         raise ValueError(f"build_companion_args: nodes must be >= 1, got {nodes}")
@@ -159,6 +163,8 @@ def build_companion_args(job_name: str, n: int, nodes: int, gpus_per_node: int, 
     if exclude:
         args.append(f"--exclude={compress_hostlist(exclude)}")
     args += ["--no-requeue", "--no-kill"]
+    if of_job is not None:
+        args.append(f"--comment={companion_mark(of_job)}")
     if output is not None:
         args.append(f"--output={output}")
     return args
@@ -184,10 +190,16 @@ done
 
 
 def build_companion_command(job_name: str, n: int, nodes: int, gpus_per_node: int, partition: str = "",
-                            exclude: Sequence[str] = (), output: str | Path | None = None) -> list[str]:
+                            exclude: Sequence[str] = (), output: str | Path | None = None,
+                            of_job: int | str | None = None) -> list[str]:
     """The full sbatch line of a companion job (its script, build_companion_script, goes on stdin)."""
     return build_sbatch_command(None, build_companion_args(job_name, n, nodes, gpus_per_node, partition,
-                                                           exclude, output))
+                                                           exclude, output, of_job))
+
+
+def build_comment_command(job_id: int | str, comment: str) -> list[str]:
+    """`scontrol update JobId=X Comment=...`: what squeue shows every user (launcher.policy.peers' marks)."""
+    return ["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"]
 
 
 def build_cancel_command(job_id: int | str) -> list[str]:

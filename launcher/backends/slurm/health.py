@@ -28,8 +28,9 @@ def find_draining(slurm, nodes: Sequence[str]) -> dict[str, str]:
 
 
 def partition_view(slurm, partition: str, own: set[int]):
-    """What launcher.policy.opportunistic reads: the idle nodes of `partition` (all partitions when empty) and
-    the jobs pending there, in squeue's order, but the elastic job's own (`own`: itself, its companions)."""
+    """What launcher.policy.opportunistic reads: the idle nodes of `partition` (all partitions when empty), the
+    jobs pending there, in squeue's order, but the elastic job's own (`own`: itself, its companions), and the
+    opportunistic elastic jobs running there (their Slurm comments: launcher.policy.peers)."""
     from launcher.policy.opportunistic import pending_view
 
     try:
@@ -38,8 +39,7 @@ def partition_view(slurm, partition: str, own: set[int]):
         print(f"[elastic-launch] reading the partition failed: {exc}", file=sys.stderr, flush=True)
         return None
     idle = [n.name for n in nodes if n.state == "idle" and (not partition or partition in n.partitions)]
-    return pending_view(idle, [j for j in jobs if j.state == "PENDING" and j.job_id not in own
-                               and (not partition or j.partition == partition)])
+    return pending_view(idle, [j for j in jobs if not partition or j.partition == partition], own=tuple(own))
 
 
 def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, dict]] | None) -> dict[str, str]:

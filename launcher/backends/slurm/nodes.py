@@ -224,6 +224,9 @@ class SlurmNodes:
     def cluster_view(self):
         return partition_view(self.slurm, self.info.partition, own=set(self.holders))
 
+    def announce(self, mark: str) -> None:
+        self.slurm.set_comment(self.job_id, mark)
+
     def check_gres(self) -> str | None:
         """A requeued run: where Slurm refuses GPU requests (slurm.health.lost_gres), steps ask --gres=none."""
         batch = self.batch_node
@@ -274,7 +277,8 @@ class SlurmNodes:
         """(sbatch argv, script) of companion job number n: pure, what submit_companion runs."""
         output = self.log_dir / f"companion-{n}-%j.out" if self.log_dir is not None else "/dev/null"
         shape = self.shape()
-        return (build_companion_command(job_name, n, nodes, shape.gpus, shape.partition, exclude, output),
+        return (build_companion_command(job_name, n, nodes, shape.gpus, shape.partition, exclude, output,
+                                        self.job_id),
                 build_companion_script(self.job_id))
 
     def submit_companion(self, job_name: str, nodes: int, exclude: Sequence[str]) -> int:

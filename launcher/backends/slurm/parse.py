@@ -33,6 +33,9 @@ class JobInfo:
     name: str = ""
     reason: str = ""
     partition: str = field(default="", compare=False)  # not compared: older records and goldens lack it
+    comment: str = field(default="", compare=False)  # where elastic jobs mark themselves (launcher.policy.peers)
+    priority: int = field(default=0, compare=False)
+    submit_time: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,9 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
             name=job.get("name", ""),
             reason=job.get("state_reason", ""),
             partition=job.get("partition", "") or "",
+            comment=job.get("comment", "") or "",
+            priority=int(job.get("priority") or 0),
+            submit_time=int(job.get("submit_time") or 0),
         ))
     return jobs
 

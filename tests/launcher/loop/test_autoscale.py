@@ -13,7 +13,10 @@ from tests.db.seed import layout_entries
 
 class _Backend:
     def __init__(self) -> None:
-        self.view, self.reads = ClusterView(()), 0
+        self.view, self.reads, self.marks = ClusterView(()), 0, []
+
+    def announce(self, mark: str) -> None:
+        self.marks.append(mark)
 
     def cluster_view(self):
         self.reads += 1
@@ -44,6 +47,7 @@ def test_a_yield_is_asked_as_a_shrink_from_the_policy_with_its_reason(tmp_path):
     now[0] += WATCH_S
     loop.tick(2)  # the request is still pending: nothing more is asked, and the cluster is not even read
     assert len(store.pending_requests(job)) == 1 and backend.reads == 1
+    assert backend.marks == ["elastic-launch policy=opportunistic min=1 max=4"]  # told the other jobs once
 
 
 def test_a_failing_look_is_said_and_the_job_goes_on(tmp_path):

@@ -177,6 +177,8 @@ def test_parse_squeue_json() -> None:
     jobs = {j.job_id: j for j in parse_squeue_json(_golden("squeue.json"))}
     assert jobs[2] == JobInfo(2, "RUNNING", ["n1", "n2", "n3", "n4"], "n1", 4, "elastic-golden", "None")
     assert (jobs[3].state, jobs[3].nodes, jobs[3].batch_host, jobs[3].reason) == ("PENDING", [], None, "Resources")
+    # what the policy orders elastic jobs by (launcher.policy.peers): read from Slurm's own record
+    assert (jobs[2].priority, jobs[2].submit_time, jobs[2].comment) == (4294901758, 1795960536, "")
 
 
 def test_parse_squeue_json_rejects_non_json() -> None:

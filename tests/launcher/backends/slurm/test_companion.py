@@ -49,7 +49,7 @@ def golden(name: str, text: str) -> None:
 # ------------------------------------------------------------------ builders
 @pytest.mark.parametrize("name, build", [
     ("cmd_sbatch_companion", lambda: build_companion_command(
-        "elastic-it", 1, 2, 2, "debug", ["n1", "n2"], "/var/log/elastic/companion-1-%j.out")),
+        "elastic-it", 1, 2, 2, "debug", ["n1", "n2"], "/var/log/elastic/companion-1-%j.out", of_job=17)),
     ("cmd_sbatch_companion_minimal", lambda: build_companion_command("train", 3, 1, 4)),
 ])
 def test_companion_command_matches_golden(name, build) -> None:
@@ -183,7 +183,7 @@ def test_companion_that_never_starts_is_cancelled_and_the_grow_fails(slurm, tmp_
     (sbatch, script), = [(c, i) for c, i in slurm.calls if c[0] == "sbatch"]
     assert sbatch == ["sbatch", "--parsable", "--job-name=elastic-it-companion-1", "--partition=debug", "--nodes=2",
                       "--gres=gpu:2", "--ntasks-per-node=2", "--exclude=n[1-2]", "--no-requeue", "--no-kill",
-                      f"--output={tmp_path}/logs/companion-1-%j.out"]
+                      "--comment=elastic-launch companion-of=5", f"--output={tmp_path}/logs/companion-1-%j.out"]
     assert script == build_companion_script(5)
     assert slurm.commands("scancel") == [["scancel", "17"]]
     assert not slurm.commands("scontrol update"), "the job itself is not touched"
