@@ -1,9 +1,11 @@
-"""Admin actions: POST /jobs/<id>/preempt|shrink|grow|suspend|resume.
+"""Admin actions: POST /jobs/<id>/preempt|shrink|grow|suspend|resume, and /jobs/<id>/policy.
 
 An action never changes the job itself: it validates the form (db.requests, the same rules as the
 CLI and the launcher) and queues a request in one transaction with Store.queue_request (the launcher
 carries it out; two admins clicking at once cannot queue the same request twice), writes an audit
-row, and tells htmx to refresh every panel (HX-Trigger: elastic-refresh).
+row, and tells htmx to refresh every panel (HX-Trigger: elastic-refresh). A policy switch is not a request:
+it is the job's record, which the launcher reads at every look (launcher.loop.autoscale), checked by
+db.requests.check_policy_switch and audited the same way.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from flask import Blueprint, Flask, abort, flash, g, make_response, redirect, re
 from dashboard.auth import admin_required, audit
 from dashboard.deps import is_htmx, store
 from db.errors import NotFoundError
+from db.requests import check_policy_switch
 from db.vocab import REQUEST_ACTIONS
 
 bp = Blueprint("actions", __name__)
@@ -41,7 +44,29 @@ def act(job_id: int, action: str) -> Any:
         audit(action, target, "denied: no such job (404)")
         abort(404, description=f"no job {job_id}")
     audit(action, target, f"request {rid} queued: {params}")
-    message = f"Request #{rid} queued: {action} {params or ''} — the launcher will carry it out."
+    return _answer(job_id, f"Request #{rid} queued: {action} {params or ''} — the launcher will carry it out.", rid)
+
+
+@bp.post("/jobs/<int:job_id>/policy")
+@admin_required
+def switch_policy(job_id: int) -> Any:
+    target = f"job:{job_id}"
+    job = store().get_job(job_id)
+    if job is None:
+        audit("policy", target, "denied: no such job (404)")
+        abort(404, description=f"no job {job_id}")
+    try:
+        before = store().set_policy(job_id, check_policy_switch(job, request.form.get("policy", "")))
+    except ValueError as exc:
+        audit("policy", target, f"rejected: {exc}")
+        abort(400, description=str(exc))
+    now = request.form["policy"]
+    audit("policy", target, f"switched: {before} -> {now}")
+    return _answer(job_id, f"Policy of {job.name}: {before} → {now}; its launcher takes it at its next look "
+                           "(within seconds).")
+
+
+def _answer(job_id: int, message: str, rid: int | None = None) -> Any:
     if not is_htmx():
         flash(message)
         return redirect(url_for("views.job", job_id=job_id))

@@ -13,6 +13,7 @@ from dashboard.auth import admin_required
 from dashboard.cluster_data import ClusterSource, elastic_jobs
 from dashboard.deps import is_htmx, store
 from dashboard.linechart import LineChart, line_chart
+from dashboard.policy_panel import opportunistic_nodes, policy_decisions, policy_rows
 from dashboard.preempt_preview import preview
 from dashboard.slurm_reader import SlurmReadError
 from dashboard.timeline import pause_of, timeline
@@ -48,8 +49,10 @@ def job_classes(view: ClusterView) -> dict[str, str]:
 
 def cluster_context() -> dict[str, Any]:
     view, warning = source().view()
+    policies = policy_rows(store(), view)
     return {"view": view, "warning": warning, "f": view.fragmentation, "history": history_chart(),
-            "job_class": job_classes(view)}
+            "job_class": job_classes(view), "policies": policies, "above_min": opportunistic_nodes(policies),
+            "decisions": policy_decisions(store())}
 
 
 @bp.get("/cluster")

@@ -45,6 +45,8 @@ class JobRow(Base):
     launch_spec: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)  # v7: model, node range, layout per size
     max_nodes: Mapped[Optional[int]]  # v9: --nnodes MAX (NULL: derived from max_devices / gpus_per_node)
     heartbeat_at: Mapped[Optional[datetime]]  # v10: the launcher's last sign of life (db.liveness)
+    policy: Mapped[str] = mapped_column(String(16), default="manual", server_default="manual")  # v11: POLICIES
+    policy_watch: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)  # v11: the policy's last look
 
 
 class NodeRow(Base):

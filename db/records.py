@@ -31,6 +31,8 @@ class Job:
     last_step: int | None = None  # last finished training step the launcher saw
     max_nodes: int | None = None  # the launcher's --nnodes MAX (None: recorded before v9)
     heartbeat_at: datetime | None = None  # the launcher's last heartbeat (None: before v10, or none yet)
+    policy: str = "manual"  # who resizes it: people only, or the launcher too (--policy opportunistic)
+    policy_watch: dict[str, Any] | None = None  # the policy's last look at the cluster (launcher.loop.autoscale)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

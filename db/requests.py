@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol, Sequence
 
 from db.records import AdminRequest, Job
-from db.vocab import MAX_NAME, REQUEST_ACTIONS
+from db.vocab import MAX_NAME, POLICIES, REQUEST_ACTIONS
 
 
 
@@ -129,3 +129,20 @@ def held_nodes(store: "Store", job_id: int) -> list[str]:
 def check_request(store: "Store", job: Job, action: str, raw: Mapping[str, Any]) -> dict[str, Any]:
     """validate_request against what the store records now (held nodes, pending requests)."""
     return validate_request(job, held_nodes(store, job.id), store.pending_requests(job.id), action, raw)
+
+
+def check_policy_switch(job: Job, policy: str) -> str:
+    """`policy` for `job`, or ValueError saying why the switch cannot be made: the launcher's policy loop runs
+    in live mode while the job runs, and the opportunistic policy reads a Slurm partition (launcher.loop.autoscale)."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy[:40]!r}: expected one of {', '.join(POLICIES)}")
+    if job.state != "running":
+        raise ValueError(f"job {job.name} (id {job.id}) is {job.state}, not running: its launcher reads no policy now")
+    if job.mode != "live":
+        raise ValueError(f"job {job.name} runs in {job.mode} mode: its launcher resizes it only when asked")
+    if policy == "opportunistic" and not job.slurm_job_id:
+        raise ValueError(f"job {job.name} is not a Slurm job: the opportunistic policy reads a Slurm partition's "
+                         "idle nodes and queue")
+    if policy == job.policy:
+        raise ValueError(f"job {job.name} already runs the {policy} policy")
+    return policy

@@ -253,9 +253,17 @@ def _v9_to_v10(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX ix_migrations_started_at ON migrations (started_at, id)"))
 
 
+def _v10_to_v11(conn: Connection) -> None:
+    """v11: a job's resize policy (manual: people and signals only; opportunistic: the launcher grows into
+    idle nodes and yields to pending jobs by itself), which an admin can switch from the dashboard, and the
+    policy's last look at the cluster (idle nodes, the pending jobs it watches, its decision) for /cluster."""
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN policy VARCHAR(16) NOT NULL DEFAULT 'manual'"))
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN policy_watch JSON"))
+
+
 #: MIGRATIONS[i] upgrades a database from version i+1 to version i+2.
 MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6, _v6_to_v7, _v7_to_v8, _v8_to_v9,
-                         _v9_to_v10]
+                         _v9_to_v10, _v10_to_v11]
 CURRENT_VERSION = len(MIGRATIONS) + 1
 
 

@@ -22,6 +22,7 @@ from db.sla import gpu_fraction
 from db.store_admin import AdminMixin, AuditFilters
 from db.store_requests import RequestsMixin
 from db.store_cluster import ClusterMixin
+from db.store_policy import PolicyMixin
 from db.vocab import (
     JOB_MODES,
     JOB_STATES,
@@ -107,7 +108,7 @@ def _history_row(m: Migration) -> dict[str, Any]:
     }
 
 
-class Store(RequestsMixin, AdminMixin, ClusterMixin, StoreBase):
+class Store(RequestsMixin, AdminMixin, ClusterMixin, PolicyMixin, StoreBase):
     """The only way to touch the elastic database.
 
     `Store(url)` opens (creating if needed) and upgrades the schema; `Store(url, readonly=True)`

@@ -5,6 +5,7 @@ Kept as plain tuples (no SQLAlchemy) so argument parsers can offer them as choic
 from __future__ import annotations
 
 JOB_STATES = ("running", "suspended", "finished", "failed", "stopped")
+POLICIES = ("manual", "opportunistic")  # who resizes a job: people (and signals) only, or also the launcher itself
 JOB_MODES = ("live", "restart")  # live: state moves between running workers; restart: torchrun-style restarts
 MIGRATION_KINDS = ("live", "restart")
 NODE_STATES = ("active", "idle", "released", "failed")

@@ -37,8 +37,7 @@ class LiveMode:
         self.pauses = PendingPauses()  # migrations whose pause is known once the new layout commits a step
         self.stall = StallWatch(self.log)  # steps that stop with no known cause are said (launcher.loop.stall)
         self.drain = DrainWatch(workers.backend.draining, self.log)  # nodes the cluster drains are left
-        self.autoscale = PolicyLoop(opts, workers.backend, recorder, self.log) \
-            if opts.policy == "opportunistic" else None  # --policy opportunistic (launcher.loop.autoscale)
+        self.autoscale = PolicyLoop(opts, workers.backend, recorder, self.log)  # launcher.loop.autoscale
         self.restores = 0  # checkpoint restores after failures so far (count against --max-restarts)
         self.suspended = False
         self.ckpt_dir = ""  # the job's checkpoint folder (launcher.loop.start_request.checkpoint_dir)
@@ -235,8 +234,7 @@ class LiveMode:
         self.stall.check(self.world, self.ctl.commit_times(self.world)[1], step,
                          lambda: self.ctl.where_workers_are(self.epoch + 1, devices))
         active = self.workers.active
-        if self.autoscale is not None:
-            self.autoscale.tick(len(active))
+        self.autoscale.tick(len(active))
         leave = self.drain.due(active, self.opts.min_nodes, self.workers.backend.batch_node)
         if leave and self.current is not None:
             why = "; ".join(f"{n}: {w}" for n, w in leave.items())

@@ -107,3 +107,33 @@ def test_finished_job_gets_no_request(admin: Any, store: Store) -> None:
         resp = admin.post(f"/jobs/2/{action}", data={**form, "csrf_token": admin.csrf})
         assert resp.status_code == 400 and "is finished, not running" in resp.text
     assert store.pending_requests(2) == []
+
+
+def test_admin_switches_a_jobs_policy_audited_and_the_launcher_reads_it_from_the_record(admin: Any,
+                                                                                       store: Store) -> None:
+    resp = admin.post("/jobs/1/policy", data={"policy": "opportunistic", "csrf_token": admin.csrf},
+                      headers={"HX-Request": "true"})
+    assert resp.status_code == 200 and resp.headers["HX-Trigger"] == "elastic-refresh"
+    assert "Policy of llama: manual → opportunistic" in resp.text
+    assert store.get_job(1).policy == "opportunistic"  # type: ignore[union-attr]
+    assert store.pending_requests(1) == []  # not a request: the record itself (launcher.loop.autoscale reads it)
+    audit = store.audit_log(target="job:1")[0]
+    assert (audit.who, audit.action, audit.result) == ("admin", "policy", "switched: manual -> opportunistic")
+
+
+@pytest.mark.parametrize("job, policy, why", [
+    (2, "opportunistic", "not a Slurm job"),  # bert runs on the local backend: no queue to watch
+    (1, "manual", "already runs the manual policy"),
+    (1, "greedy", "unknown policy &#39;greedy&#39;"),  # (HTML-escaped on the error page)
+])
+def test_a_policy_switch_that_cannot_be_made_is_refused_and_audited(admin: Any, store: Store, job: int,
+                                                                    policy: str, why: str) -> None:
+    resp = admin.post(f"/jobs/{job}/policy", data={"policy": policy, "csrf_token": admin.csrf})
+    assert resp.status_code == 400 and why in resp.text
+    assert store.get_job(job).policy == "manual"  # type: ignore[union-attr]
+    assert store.audit_log(target=f"job:{job}")[0].result.startswith("rejected: ")
+
+
+def test_viewers_cannot_switch_a_policy(viewer: Any, store: Store) -> None:
+    assert viewer.post("/jobs/1/policy", data={"policy": "opportunistic", "csrf_token": viewer.csrf}).status_code == 403
+    assert store.get_job(1).policy == "manual"  # type: ignore[union-attr]

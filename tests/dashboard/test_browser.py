@@ -243,3 +243,29 @@ def test_a_migrations_notes_on_its_page_and_in_the_history_table(page: Any, serv
     page.goto(f"{server}/history")
     row = page.locator("#history-table tbody tr", has=page.locator(f'a[href="/migrations/{mid}"]'))
     assert row.locator("td.notes li").all_inner_texts() == notes
+
+
+def test_an_admin_switches_a_jobs_policy_on_the_cluster_page(page: Any, server: str, db_url: str) -> None:
+    """In Chromium: /cluster's policy panel shows llama on opportunistic with the pending job its launcher
+    watches; the admin switches it to manual, the panel refreshes (HX-Trigger) to manual with nothing held
+    above MIN, and the switch is in the audit log."""
+    store = Store(db_url)
+    store.set_policy(1, "opportunistic")
+    store.record_policy_watch(1, {"held": 3, "idle": [], "peers": [], "decision": None,
+                                  "pending": [{"job_id": 77, "name": "plain", "nodes": 4, "reason": "Resources"}]})
+    store.close()
+    _login(page, server, "admin")
+    page.goto(f"{server}/cluster")
+    row = page.locator('#policies tr[data-elastic-job="1"]')
+    assert row.get_attribute("data-policy") == "opportunistic"
+    assert "#77 plain: 4 node(s) (Resources)" in row.locator("td.watching").inner_text()
+    row.locator("button[name=policy]").click()
+    page.locator("#policy-result", has_text="Policy of llama: opportunistic → manual").wait_for()
+    page.wait_for_selector('#policies tr[data-elastic-job="1"][data-policy="manual"]')
+    assert page.locator('#policies tr[data-elastic-job="1"] td.above-min').inner_text() == "–"
+    store = Store(db_url)
+    try:
+        assert store.get_job(1).policy == "manual"
+        assert store.audit_log(target="job:1")[0].result == "switched: opportunistic -> manual"
+    finally:
+        store.close()

@@ -174,3 +174,34 @@ def test_recorded_plain_jobs_a_drained_and_a_reserved_node() -> None:
     assert (f.gpus_total, f.gpus_free, f.stranded, f.free_nodes, f.largest_free_block, f.index) == (16, 5, 1, 1, 1, 0.2)
     assert view.shrink == ()
     assert build_from_slurm(snap, [], partitions=["other"]).nodes == ()
+
+
+def test_the_policy_panels_show_what_each_job_holds_above_min_watches_and_decided(admin, store) -> None:
+    """llama on the opportunistic policy, its launcher's last look recorded (db.store_policy), one resize the
+    policy caused: /cluster names the nodes it would yield first (n1, n2: what a shrink to MIN releases, n0
+    being its batch node; also badged on the grid), the pending job it watches, its decision, and the decision in the timeline."""
+    store.set_policy(1, "opportunistic")
+    store.record_policy_watch(1, {"held": 2, "idle": [], "peers": [],
+                                  "pending": [{"job_id": 77, "name": "plain", "nodes": 2, "reason": "Resources"}],
+                                  "decision": {"nodes": 1, "reason": "job 77 (plain) pending for 2 node(s)"}})
+    mid = store.start_migration(1, "pp2tp2dp1", "pp1tp2dp1", "policy", {}, {})
+    store.add_migration_notes(mid, ["policy: job 77 (plain) pending for 2 node(s) (Resources), 0 idle: giving 1 back"])
+    store.finish_migration(mid, "succeeded", 10, 100, True, {"plan": 0.1})
+    html = admin.get("/cluster", headers={"HX-Request": "true"}).text
+    panel = html.split('id="policies"', 1)[1].split("</section>", 1)[0]
+    llama = panel.split('data-elastic-job="1"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-policy="opportunistic"' in html and "switch to manual" in llama
+    assert '<td class="above-min">n1, n2</td>' in llama and "<td>3 (1)</td>" in llama
+    assert "#77 plain: 2 node(s) (Resources)" in llama and "to 1 node(s): job 77 (plain)" in llama
+    bert = panel.split('data-elastic-job="2"', 1)[1].split("</tr>", 1)[0]
+    assert '<td class="above-min">–</td>' in bert and "switch to opportunistic" in bert  # manual: holds nothing "above"
+    grid = html.split('id="cluster-nodes"', 1)[1].split("</section>", 1)[0]
+    badged = [row.split('"', 1)[0] for row in grid.split('<tr data-node="')[1:] if "above MIN · llama" in row]
+    assert badged == ["n1", "n2"]
+    decisions = html.split('id="policy-decisions"', 1)[1].split("</section>", 1)[0]
+    assert f'data-migration="{mid}"' in decisions and "giving 1 back" in decisions and "pp2tp2dp1 → pp1tp2dp1" in decisions
+
+
+def test_viewers_see_the_policies_but_no_switch(viewer) -> None:
+    html = viewer.get("/cluster").text
+    assert 'id="policies"' in html and "switch to" not in html

@@ -23,11 +23,12 @@ class _Backend:
         return self.view
 
 
-def _loop(tmp_path):
+def _loop(tmp_path, policy="opportunistic"):
     store = Store(f"sqlite:///{tmp_path}/e.db", create=True)
     job = store.create_job("j", "pp2tp1dp2", 2, 8, nodes=["n1", "n2"], min_nodes=1)
     store.record_rank_map(job, 0, "pp2tp1dp2", layout_entries(2, 1, 2, ["n1", "n2"], 2))
-    opts = SimpleNamespace(min_nodes=1, max_nodes=4, policy_idle=0.0, policy_dwell=0.0, policy_max_per_hour=12)
+    opts = SimpleNamespace(min_nodes=1, max_nodes=4, policy_idle=0.0, policy_dwell=0.0, policy_max_per_hour=12,
+                           policy=policy)
     now, said, audit = [0.0], [], []
     backend = _Backend()
     recorder = SimpleNamespace(db=store, job_id=job, audit=lambda a, t: audit.append((a, t)))
@@ -67,3 +68,35 @@ def test_the_cluster_is_read_once_every_watch_period_and_idle_nodes_are_asked_fo
     now[0] += WATCH_S / 2
     loop.tick(3)
     assert backend.reads == 1 and store.pending_requests(job) == []
+
+
+def test_each_look_is_recorded_on_the_job_for_the_dashboard(tmp_path):
+    loop, backend, store, job, _now, _said, _audit = _loop(tmp_path)
+    backend.view = ClusterView(("n4",), (Pending(9, "plain", 2, "Resources"),))
+    loop.tick(2)
+    record = store.get_job(job)
+    assert record.policy == "opportunistic"
+    watch = record.policy_watch
+    assert (watch["held"], watch["idle"]) == (2, ["n4"]) and watch["at"]
+    assert watch["pending"] == [{"job_id": 9, "name": "plain", "nodes": 2, "reason": "Resources"}]
+    assert watch["decision"] == {"nodes": 1, "reason": "job 9 (plain) pending for 2 node(s) (Resources), 1 idle: "
+                                                       "giving 1 back"}
+
+
+def test_a_switch_on_the_record_takes_effect_at_the_next_look_and_is_told_to_slurm(tmp_path):
+    loop, backend, store, job, now, said, _audit = _loop(tmp_path, policy="manual")
+    backend.view = ClusterView(("n3",))
+    loop.tick(2)  # manual: the cluster is not even read, nothing told
+    assert (backend.reads, backend.marks, store.get_job(job).policy) == (0, [], "manual")
+    store.set_policy(job, "opportunistic")  # what the dashboard's switch does
+    now[0] += WATCH_S
+    loop.tick(2)
+    assert backend.reads == 1 and [r.action for r in store.pending_requests(job)] == ["grow"]
+    assert backend.marks == ["elastic-launch policy=opportunistic min=1 max=4"]
+    assert said[0] == "policy: now opportunistic (switched on the job's record, was manual)"
+    store.complete_request(store.pending_requests(job)[0].id, "done", "grown")
+    store.set_policy(job, "manual")
+    now[0] += WATCH_S
+    loop.tick(3)
+    assert backend.reads == 1 and store.pending_requests(job) == []  # off again: no look, no request
+    assert backend.marks[-1] == "elastic-launch policy=manual min=1 max=4"  # the others stop counting it
