@@ -19,13 +19,21 @@ class Line:
 
 @dataclass(frozen=True)
 class Band:
-    """A time span drawn as a shaded rectangle (a migration), with a label and a link target."""
+    """A time span drawn as a shaded rectangle (a migration), with a label and a link target. `text` is what
+    is written on the chart, in row `row` (0: the top line): the whole label where it fits, its first word
+    (e.g. "#12") where only that does, nothing where neither does (the label stays the rectangle's tooltip)."""
 
     x: float
     width: float
     label: str
     colour: str
     href: str = ""
+    text: str = ""
+    row: int = 0
+
+
+LABEL_ROWS = 3  # lines of band labels under the chart's top edge
+CHAR_PX = 5.6  # the width of one character at font-size 10 (a little generous: labels must not touch)
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,28 @@ def line_chart(series: Sequence[tuple[str, str, Sequence[Point]]],
         path = " ".join(f"{'M' if i == 0 else 'L'}{cx},{cy}" if not (step and i) else f"H{cx} V{cy}"
                         for i, (cx, cy) in enumerate(coords))
         lines.append(Line(label, colour, path, coords))
-    drawn = tuple(Band(px(a), max(px(b) - px(a), 2.0), label, colour, href) for a, b, label, colour, href in bands)
+    drawn = _placed([Band(px(a), max(px(b) - px(a), 2.0), label, colour, href)
+                     for a, b, label, colour, href in sorted(bands, key=lambda b: b[0])], left + pw + right)
     return LineChart(width, height, left, top, pw, ph, tuple(lines), drawn,
                      tuple(Tick(px(x), x_text(x)) for x in _ticks(x0, x1, 5)),
                      tuple(Tick(py(y), y_text(y)) for y in _ticks(lo, hi, 3)), False)
+
+
+def _placed(bands: list[Band], right_edge: float) -> tuple[Band, ...]:
+    """Each band's label written where it does not overlap another: in the first of LABEL_ROWS rows where the
+    previous label has ended, whole or else as its first word, else not at all (many short migrations side by
+    side; every label stays the band's tooltip)."""
+    ends = [float("-inf")] * LABEL_ROWS
+    out = []
+    for b in bands:
+        x = b.x + 2
+        for text in (b.label, b.label.split(" ", 1)[0]):
+            end = x + len(text) * CHAR_PX
+            row = next((r for r in range(LABEL_ROWS) if ends[r] + 4 <= x and end <= right_edge), None)
+            if row is not None:
+                ends[row] = end
+                out.append(Band(b.x, b.width, b.label, b.colour, b.href, text, row))
+                break
+        else:
+            out.append(b)
+    return tuple(out)

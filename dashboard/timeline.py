@@ -31,7 +31,10 @@ def pause_of(m: Migration) -> tuple[float | None, str]:
 
 
 def step_rates(steps: Sequence[StepRecord], window: int = RATE_WINDOW) -> list[tuple[float, float]]:
-    """(time, steps per second) over sliding windows of `window` reported steps."""
+    """(time, steps per second) over sliding windows of `window` reported steps; fewer where fewer were
+    reported (a short job, or a launcher that polled slower than the steps: one window less than there are
+    reports, down to consecutive reports), so a job with a handful of reports still gets a line."""
+    window = max(1, min(window, len(steps) // 2))
     out = []
     for i in range(window, len(steps)):
         a, b = steps[i - window], steps[i]

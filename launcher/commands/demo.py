@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
                    ready_timeout=120, migrate_timeout=120, model=model)
     backend = LocalNodes(args.nodes, args.gpus_per_node, log_dir=log_dir)
     k = args.steps_between
-    script = [(k, "shrink"), (2 * k, "grow"), (3 * k, "stop")]
+    script = ["shrink", "grow", "stop"]  # each k steps after the one before it applied
+    since = [0]  # the step the last action applied at
     say = lambda m: print(m, flush=True)  # noqa: E731
     pause = args.pause if args.pause is not None else (8.0 if args.dashboard else 0.0)
     if args.dashboard:
@@ -119,18 +120,22 @@ def run(args: argparse.Namespace) -> int:
     launcher = Launcher(opts, backend, store, log=lambda m: say(f"  launcher: {m}"))
 
     def until(la: Launcher) -> bool:
-        while script and la.max_step() >= script[0][0]:
-            at, what = script.pop(0)
-            if what == "stop":
-                return True
-            if pause:
-                say(f"  (pausing {pause:.0f} s before the {what}: watch the placement)")
-                time.sleep(pause)
-            say(f"step {la.max_step()}: {what} ({len(la.active)} -> "
-                f"{1 if what == 'shrink' else args.nodes} node(s))")
-            out = la.shrink_to(1, "demo") if what == "shrink" else la.grow_to(args.nodes, "demo")
-            if not out.ok:
-                say(f"  {what} failed: {out.message}")
+        """One action a call, k steps after the last one applied: the launcher polls (and records the
+        steps' losses for the timeline) between them, whatever a migration's length in steps."""
+        if not script or la.max_step() < since[0] + k:
+            return False
+        what = script.pop(0)
+        if what == "stop":
+            return True
+        if pause:
+            say(f"  (pausing {pause:.0f} s before the {what}: watch the placement)")
+            time.sleep(pause)
+        say(f"step {la.max_step()}: {what} ({len(la.active)} -> "
+            f"{1 if what == 'shrink' else args.nodes} node(s))")
+        out = la.shrink_to(1, "demo") if what == "shrink" else la.grow_to(args.nodes, "demo")
+        if not out.ok:
+            say(f"  {what} failed: {out.message}")
+        since[0] = out.at_step if out.ok and out.at_step is not None else la.max_step()
         return False
 
     say(f"elastic demo: {args.nodes} simulated nodes x {args.gpus_per_node} devices, model {args.layers} layers "

@@ -17,7 +17,29 @@ def test_step_rate_of_evenly_spaced_steps_is_their_inverse_spacing() -> None:
     steps = [StepRecord(1, i, 1.0, "pp1tp1dp1", T0 + timedelta(seconds=0.25 * i)) for i in range(20)]
     rates = step_rates(steps, window=4)
     assert len(rates) == 16 and all(r == pytest.approx(4.0) for _, r in rates)
-    assert step_rates(steps[:3], window=4) == []
+    # a handful of reports (a launcher polling slower than the steps): rates between consecutive ones
+    assert step_rates(steps[:3], window=4) == [(steps[1].at.timestamp(), 4.0), (steps[2].at.timestamp(), 4.0)]
+    assert step_rates(steps[:1]) == []
+
+
+def test_many_short_migrations_get_labels_that_never_overlap() -> None:
+    """Twenty migrations a few pixels apart (a demo's or a policy's quick resizes): every label written is
+    clear of the others in its row, the whole label where it fits, its "#id" where only that fits, none
+    where neither does (each band keeps the whole label as its tooltip); a lone band gets its whole label."""
+    from dashboard.linechart import CHAR_PX, line_chart
+
+    label = "#{} pp2tp2dp1→pp2tp1dp1 pause 0.06 s"
+    bands = [(10.0 * i, 10.0 * i + 0.5, label.format(i), "#f59e0b", "") for i in range(20)]
+    chart = line_chart([("x", "#000", [(0.0, 1.0), (200.0, 2.0)])], bands)
+    written = [b for b in chart.bands if b.text]
+    assert len(chart.bands) == 20 and written and written[0].text == label.format(0)
+    for row in {b.row for b in written}:
+        spans = sorted((b.x + 2, b.x + 2 + len(b.text) * CHAR_PX) for b in written if b.row == row)
+        assert all(a_end + 4 <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
+    assert {b.text for b in written} - {label.format(i) for i in range(20)} <= {f"#{i}" for i in range(20)}
+    assert all(b.label == label.format(i) for i, b in enumerate(chart.bands))
+    lone = line_chart([("x", "#000", [(0.0, 1.0), (200.0, 2.0)])], bands[:1])
+    assert lone.bands[0].text == label.format(0) and lone.bands[0].row == 0
 
 
 def test_timeline_page_draws_layouts_migrations_rate_and_loss(admin, store: Store) -> None:

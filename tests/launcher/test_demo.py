@@ -15,3 +15,16 @@ def test_demo_shrinks_and_grows_and_records_it(tmp_path):
     rows = json.loads(hist.stdout)
     assert len(rows) >= 2 and all(r["status"] == "succeeded" and r["bit_exact"] for r in rows)
     assert {r["from_layout"] != r["to_layout"] for r in rows} == {True}
+    # the timeline's loss and step rate cover every layout the demo trained on, not only the first (the
+    # launcher polls, and records a step's loss, between the demo's migrations)
+    from db import Store
+
+    store = Store(f"sqlite:///{db}", create=False)
+    try:
+        steps = store.steps(store.find_job("demo").id)
+    finally:
+        store.close()
+    shrink, grow = sorted(rows, key=lambda r: r["id"])[:2]
+    layouts = [s.layout for s in steps]
+    assert shrink["to_layout"] in layouts and layouts[-1] == grow["to_layout"], layouts
+    assert max(s.step for s in steps) > grow["at_step"], [s.step for s in steps]
