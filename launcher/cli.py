@@ -11,6 +11,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "print the migration plan between two parallel layouts"),
     "bench-plan": ("bench_plan", "time the planner from 8 to 16,384 devices"),
     "bench-control": ("bench_control", "time live mode's per-step control plane at up to 4,096 ranks"),
+    "bench-policy": ("bench_policy", "play a scripted stretch of plain jobs on the Slurm testbed, an elastic job "
+                                     "on --policy manual then opportunistic: utilisation, waits, resizes"),
     "bench": ("bench", "move real training state and compare with checkpoint restarts"),
     "demo": ("demo", "run a local elastic training demo (shrink and grow on this machine)"),
     "history": ("history", "query recorded migrations: phases, pause, bytes, and under each row why it failed "

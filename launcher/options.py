@@ -132,6 +132,9 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="opportunistic: seconds after any resize before the next grow (default 60)")
     p.add_argument("--policy-max-per-hour", type=int, default=12, metavar="N",
                    help="opportunistic: at most this many policy resizes in any hour, yields included (default 12)")
+    p.add_argument("--policy-watch", type=float, default=2.0, metavar="S",
+                   help="seconds between two looks at the partition (sinfo, squeue): a pending job waits up to "
+                        "this long before the job starts giving nodes back (default 2; at least 0.5)")
     p.add_argument("--on-signal", choices=SIGNAL_ACTIONS, default="shrink",
                    help="what SIGUSR1 (Slurm's warning, #SBATCH --signal=B:USR1@60) does: shrink to MIN nodes, "
                         "suspend (stop the workers at a step boundary, mark the job suspended), or ignore "
@@ -226,6 +229,7 @@ class Options:
     policy_idle: float = 30.0
     policy_dwell: float = 60.0
     policy_max_per_hour: int = 12
+    policy_watch: float = 2.0  # seconds between looks at the partition (launcher.loop.autoscale)
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -253,8 +257,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError(f"--companion-timeout must be a positive number of seconds, got {args.companion_timeout}")
     if args.term_timeout < 0 or args.max_restarts < 0:
         raise UsageError("--term-timeout and --max-restarts must not be negative")
-    if args.policy_idle < 0 or args.policy_dwell < 0 or args.policy_max_per_hour < 1:
-        raise UsageError("--policy-idle and --policy-dwell must not be negative, --policy-max-per-hour at least 1")
+    if args.policy_idle < 0 or args.policy_dwell < 0 or args.policy_max_per_hour < 1 or args.policy_watch < 0.5:
+        raise UsageError("--policy-idle and --policy-dwell must not be negative, --policy-max-per-hour at least 1, "
+                         "--policy-watch at least 0.5 (seconds)")
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be 0 (off) or a number of steps, got {args.checkpoint_every}")
     from launcher.policy.layouts import NoLayoutError, check_node_range
@@ -280,7 +285,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
                    release_early=args.release_early, node_gpus=node_gpus, mode=args.mode,
                    term_timeout=args.term_timeout, max_restarts=args.max_restarts, policy=args.policy,
                    policy_idle=args.policy_idle, policy_dwell=args.policy_dwell,
-                   policy_max_per_hour=args.policy_max_per_hour,
+                   policy_max_per_hour=args.policy_max_per_hour, policy_watch=args.policy_watch,
                    checkpoint_every=auto_checkpoint_every(lo, hi, node_gpus or gpn, layouts, model, args.placement)
                    if args.checkpoint_every is None else args.checkpoint_every,
                    checkpoint_auto=args.checkpoint_every is None)

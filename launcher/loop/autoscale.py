@@ -1,8 +1,8 @@
 """The job's resize policy in the running launcher: look at the cluster, let the policy decide, ask.
 
 The policy is the job's record in the database (`elastic-launch --policy` sets it; an admin switches it from
-the dashboard), read at every look, so a switch takes effect within WATCH_S. On `opportunistic`, every WATCH_S
-the backend reads the job's partition (its idle nodes, the jobs pending there, the other elastic jobs) and
+the dashboard), read at every look, so a switch takes effect within a look. On `opportunistic`, every
+--policy-watch seconds (WATCH_S by default) the backend reads the job's partition (its idle nodes, the jobs pending there, the other elastic jobs) and
 launcher.policy.opportunistic decides. A decision becomes a grow or shrink request from "policy: <why>",
 taken by the launcher's next poll like an admin's: validated against what the job holds then, carried out,
 recorded under the trigger `policy` with the reason as the migration's note (launcher.loop.requests), and in
@@ -19,7 +19,7 @@ from dataclasses import asdict
 from launcher.policy.opportunistic import ClusterView, Decision, OpportunisticPolicy
 from launcher.policy.peers import policy_mark
 
-WATCH_S = 5.0  # how often the cluster is read
+WATCH_S = 2.0  # how often the cluster is read, unless --policy-watch says otherwise
 REQUESTER = "policy"  # requested_by starts with it: launcher.loop.requests records trigger `policy`
 
 
@@ -42,10 +42,10 @@ class PolicyLoop:
                                    self.clock, me=self.me)
 
     def tick(self, held: int) -> None:
-        """One look, at most every WATCH_S. A failure here is said and the job goes on: the policy is not
+        """One look, at most every --policy-watch seconds. A failure here is said and the job goes on: the policy is not
         worth the job."""
         now = self.clock()
-        if now - self.watched < WATCH_S or self.recorder.job_id is None:
+        if now - self.watched < self.opts.policy_watch or self.recorder.job_id is None:
             return
         self.watched = now
         try:

@@ -113,10 +113,12 @@ def _sharing(peers: list[Peer], mine: int) -> str:
 
 def pending_view(idle: Sequence[str], jobs: Sequence, own: Sequence[int] = ()) -> ClusterView:
     """A ClusterView from the partition's idle nodes and its jobs (slurm JobInfo-like: state, reason, comment,
-    ...), pending ones kept in the order given (squeue's priority order). Left out of the pending: this job's
-    own (`own`: itself, its companions) and any elastic job's companion (a grow waiting for its nodes is not
-    work to yield to)."""
+    priority, submit_time, ...), pending ones in the order Slurm starts them: highest priority first, then the
+    earliest submitted (the order given where Slurm reports neither). Left out of the pending: this job's own
+    (`own`: itself, its companions) and any elastic job's companion (a grow waiting for its nodes is not work
+    to yield to)."""
     jobs = list(jobs)
-    pending = tuple(Pending(j.job_id, j.name, max(j.num_nodes, 1), j.reason) for j in jobs
-                    if j.state == "PENDING" and j.job_id not in own and companion_owner(j.comment) is None)
+    waiting = [j for j in jobs if j.state == "PENDING" and j.job_id not in own and companion_owner(j.comment) is None]
+    waiting.sort(key=lambda j: (-j.priority, j.submit_time))  # stable: equal keys keep squeue's order
+    pending = tuple(Pending(j.job_id, j.name, max(j.num_nodes, 1), j.reason) for j in waiting)
     return ClusterView(tuple(idle), pending, peers_of(jobs))

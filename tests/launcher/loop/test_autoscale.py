@@ -28,6 +28,7 @@ def _loop(tmp_path, policy="opportunistic"):
     job = store.create_job("j", "pp2tp1dp2", 2, 8, nodes=["n1", "n2"], min_nodes=1)
     store.record_rank_map(job, 0, "pp2tp1dp2", layout_entries(2, 1, 2, ["n1", "n2"], 2))
     opts = SimpleNamespace(min_nodes=1, max_nodes=4, policy_idle=0.0, policy_dwell=0.0, policy_max_per_hour=12,
+                           policy_watch=WATCH_S,
                            policy=policy)
     now, said, audit = [0.0], [], []
     backend = _Backend()

@@ -98,6 +98,12 @@ def test_the_view_reads_the_elastic_jobs_marks_and_leaves_their_companions_out_o
     assert [p.job_id for p in own.pending] == [30]
 
 
+def test_pending_jobs_are_taken_in_slurms_priority_order_not_squeues_listing():
+    view = pending_view([], [J(5, "PENDING", 1, priority=10, submit_time=3), J(6, "PENDING", 3, priority=90),
+                             J(7, "PENDING", 2, priority=10, submit_time=1)])
+    assert [p.job_id for p in view.pending] == [6, 7, 5]  # the yield is for job 6, the one Slurm starts next
+
+
 def _jobs(n: int, held: list[int], lo: int = 1, hi: int = 4) -> list[Peer]:
     """n opportunistic elastic jobs, job i (id 100 + i) submitted at time i, all of priority 7."""
     return [Peer(100 + i, held[i], lo, hi, 7, i) for i in range(n)]
