@@ -102,7 +102,8 @@ def read_loss_rows(path: Path) -> list[tuple[int, float, str]]:
     return rows
 
 
-def _wait(what: str, check: Callable[[], object], timeout: float, every: float = 0.5):
+def wait_until(what: str, check: Callable[[], object], timeout: float, every: float = 0.5):
+    """Poll `check` every `every` s until it returns something true (returned); TimeoutError after `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = check()
@@ -125,12 +126,12 @@ def run_policy(policy: str, trace: Sequence[PlainJob], seconds: float, env: dict
     slurm, out = SlurmCommands(env=env), RunResult(policy)
     workdir.mkdir(parents=True, exist_ok=True)
     url, loss_file = f"sqlite:///{workdir}/e.db", workdir / "loss.txt"
-    _wait("every testbed node idle", lambda: _all_idle(slurm, total_nodes), 180)
+    wait_until("every testbed node idle", lambda: _all_idle(slurm, total_nodes), 180)
     elastic = slurm.submit(elastic_script(policy, workdir, url, loss_file, knobs))
     plain: dict[int, float] = {}
     sampler = None
     try:
-        _wait("the elastic job's first steps", lambda: len(read_loss_rows(loss_file)) >= 3, 240)
+        wait_until("the elastic job's first steps", lambda: len(read_loss_rows(loss_file)) >= 3, 240)
         say(f"bench-policy [{policy}]: elastic job {elastic} training; playing {len(trace)} plain jobs over "
             f"{seconds:.0f} s")
         t0 = time.monotonic()
@@ -140,7 +141,7 @@ def run_policy(policy: str, trace: Sequence[PlainJob], seconds: float, env: dict
             time.sleep(max(0.0, t0 + job.at_s - time.monotonic()))
             plain[slurm.submit(plain_script(job))] = time.monotonic() - t0
         time.sleep(max(0.0, t0 + seconds - time.monotonic()))
-        _wait("every plain job to end", lambda: not any(j.job_id in plain and j.state in UNFINISHED
+        wait_until("every plain job to end", lambda: not any(j.job_id in plain and j.state in UNFINISHED
                                                         for j in slurm.jobs()), max(RUN_S_MAX * len(trace), 120))
         out.window_s = round(time.monotonic() - t0, 1)
     except Exception as exc:  # noqa: BLE001 -- the run's figures say it failed, and why
@@ -163,7 +164,7 @@ def run_policy(policy: str, trace: Sequence[PlainJob], seconds: float, env: dict
     out.steps, out.replica_steps = sample_steps(rows)
     out.every_step_once = [s for s, _l, _lay in rows] == list(range(1, len(rows) + 1))
     _read_history(url, out)
-    _wait("every testbed node idle again", lambda: _all_idle(slurm, total_nodes), 180)
+    wait_until("every testbed node idle again", lambda: _all_idle(slurm, total_nodes), 180)
     return out
 
 

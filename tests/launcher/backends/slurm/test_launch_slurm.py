@@ -13,6 +13,7 @@ import pytest
 from db import Store
 from launcher.cli import main as elastic
 from launcher.backends.slurm.client import SlurmCommands
+from launcher.policybench.replay import wait_until
 
 pytestmark = pytest.mark.slurm
 from tests.paths import ROOT
@@ -21,13 +22,10 @@ from tests.paths import ROOT
 def wait(what, fn, timeout=120.0, every=0.2):
     """Poll `fn` every `every` s until it returns something true (returned), else fail after `timeout` s.
     (0.2 s, not 0.5: the Slurm tests wait ~35 times each run, and half a poll interval is lost per wait.)"""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+    try:
+        return wait_until(what, fn, timeout, every)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 def test_shrink_by_resize_then_usr1_suspends(slurm_testbed, tmp_path):
