@@ -28,7 +28,7 @@ import sys
 
 from launcher.backends import make_backend, shell_line
 from launcher.database import db_url, open_store
-from launcher.errors import UsageError
+from launcher.errors import NothingToDo, UsageError
 from launcher.loop.launcher import Launcher, grow_choice
 from launcher.options import Options, build_parser, options_from_args, parse_layouts, parse_nnodes
 from launcher.loop.start_request import StartRequest
@@ -77,20 +77,31 @@ def check_resumable(opts: Options, store, slurm_job_id: str | None = None) -> No
 
     A batch script Slurm requeued after its node failed resumes the job its previous run drove by itself
     (launcher.loop.suspend.requeued_job); with nothing to resume from, that job ends as failed, saying why."""
+    from launcher.backends.slurm.successor import predecessor
     from launcher.loop.suspend import nothing_to_resume, requeued_job, resume_checkpoint
     from launcher.loop.start_request import checkpoint_dir
 
-    requeued = None if opts.resume else requeued_job(store, opts.job_name, slurm_job_id)
+    successor_of = predecessor()
+    requeued = None if opts.resume else requeued_job(store, opts.job_name, slurm_job_id, successor_of=successor_of)
     if requeued is not None:
-        opts.resume, opts.requeued = True, int(os.environ["SLURM_RESTART_COUNT"])
+        opts.resume, opts.requeued = True, int(os.environ.get("SLURM_RESTART_COUNT") or 0) or 1
+        opts.successor_of = successor_of
+    elif successor_of is not None:
+        job = store.find_job(opts.job_name)
+        store.close()
+        raise NothingToDo(f"successor of Slurm job {successor_of}: job {opts.job_name} is "
+                          f"{job.state if job is not None else 'not in the database'}"
+                          f"{'' if job is None else f' (Slurm job {job.slurm_job_id})'}; nothing to take over")
     if not opts.resume or opts.mode == "restart":
         return
     ckpt_dir = checkpoint_dir(opts, store.url)
     if resume_checkpoint(store.find_job(opts.job_name), ckpt_dir, bool(opts.requeued)) is None:
         why = nothing_to_resume(opts.job_name, ckpt_dir)
         if requeued is not None:
-            why = (f"Slurm requeued job {opts.job_name} after its node failed, but {why}; start it again without "
-                   "--resume, and give it --checkpoint-every N to survive this")
+            lost = "Slurm requeued job {} after its node failed" if successor_of is None else \
+                "the successor of job {} found its launcher gone"
+            why = (f"{lost.format(opts.job_name)}, but {why}; start it again without --resume, and give it "
+                   "--checkpoint-every N to survive this")
             store.set_job_state(requeued.id, "failed", why=why)
         store.close()
         raise UsageError(why)
@@ -120,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"elastic-launch: error: {exc}", file=sys.stderr)
         return 2
+    except NothingToDo as exc:
+        print(f"elastic-launch: {exc}", file=sys.stderr)
+        return 0
     try:
         return Launcher(opts, backend, store, slurm_job_id=slurm_job_id).run()
     except KeyboardInterrupt:

@@ -217,6 +217,12 @@ class NodeBackend(Protocol):
         """Tell the cluster's other users what this job is (launcher.policy.peers.policy_mark: its policy and
         node range), where every elastic job's policy reads it; nothing where there is no one to tell."""
 
+    successor: object  # the job queued to take this one over if the batch node is lost (None: none)
+
+    def queue_successor(self, job_name: str):
+        """Queue a successor that resumes the job from its safety checkpoint if the batch node (with the
+        launcher) is lost (launcher.backends.slurm.successor); its id, or None where the backend has none."""
+
     def forget(self, node: str) -> list[str]:
         """`node` is gone: never start workers there again, take it out of the allocation as far as the
         cluster lets (Slurm may have done so itself); returns notes for the log and audit."""

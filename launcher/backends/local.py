@@ -67,6 +67,11 @@ class LocalNodes:
     def announce(self, mark: str) -> None:
         pass  # nobody else to tell
 
+    successor = None  # this machine is the batch node: nothing could take over after it
+
+    def queue_successor(self, job_name: str) -> None:
+        return None
+
     def forget(self, node: str) -> list[str]:
         return []
 

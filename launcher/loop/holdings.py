@@ -74,8 +74,10 @@ class Holdings:
         """What the rank map `current` survives (launcher.policy.survival), on the allocation's terms: a Slurm
         job without --no-kill ends when any node fails, whatever its replicas (NodeBackend.node_loss_ends_job)."""
         said, ends = survival(current.layout, current.devices, self.nodes_of()), self.backend.node_loss_ends_job
-        # the batch node's loss: survived on no backend yet (README, "What a job survives")
-        return dataclasses.replace(said, batch=False, **({"node": False, "node_note": ends} if ends else {}))
+        # the batch node's loss: survived where a successor is queued to resume the job from its safety
+        # checkpoint (launcher.backends.slurm.successor; README, "What a job survives")
+        return dataclasses.replace(said, batch=self.backend.successor is not None,
+                                   **({"node": False, "node_note": ends} if ends else {}))
 
     def launch_spec(self, current) -> dict:
         """What the dashboard's dry run of a preempt needs without importing the launcher: the model,

@@ -22,7 +22,7 @@ from launcher.loop.outcome import MigrationFailed, Outcome
 from launcher.loop.recorder import Recorder
 from launcher.loop.restart import RestartMode
 from launcher.loop.start_request import StartRequest, checkpoint_dir
-from launcher.loop.suspend import continue_job, finish_resume, resume_point
+from launcher.loop.suspend import continue_job, finish_resume, queue_successor, resume_point, takeover
 from launcher.loop.workers import Workers
 from launcher.options import Options
 from launcher.wire import control as C
@@ -171,10 +171,12 @@ class Launcher:
             self.recorder.job_id = job.id
             continue_job(self.recorder, h, self.opts, job, nodes, self.slurm_job_id)
         self.recorder.rank_map(0, str(layout), h.entries(mode.current), update_job=False)
+        queue_successor(self.opts, self.backend, self.log, self.recorder.audit)
         mode.record_survival()
         self.log(f"job {self.job_id}: {layout} on {len(devices)} devices of {','.join(nodes)}")
         if path:
-            finish_resume(mode, path, requests_, job if self.opts.requeued else None)
+            finish_resume(mode, path, requests_, job if self.opts.requeued else None,
+                          takeover(self.opts) if self.opts.successor_of else "")
 
     # -- decisions: which nodes next ------------------------------------------------------------------
     def migrate_to(self, target: list[str], trigger: str, **how) -> Outcome:

@@ -27,17 +27,45 @@ def resume_checkpoint(job, ckpt_dir: str, requeued: bool = False) -> str | None:
     return found[0] if found else job.checkpoint_path if recorded and (lost_since(job) or requeued) else None
 
 
-def requeued_job(db, job_name: str, slurm_job_id: str | None, env=os.environ):
+def requeued_job(db, job_name: str, slurm_job_id: str | None, env=os.environ, successor_of: str | None = None):
     """The job this launcher's previous run drove, when Slurm restarted the batch script because its node
-    failed (`sbatch --requeue`: SLURM_RESTART_COUNT counts the restarts; the job id stays): the same name and
-    Slurm job, still recorded as running in live mode. Its previous launcher is gone with the node, however
-    fresh its last heartbeat. None otherwise."""
-    if not slurm_job_id or not (env.get("SLURM_RESTART_COUNT") or "0").isdigit() or \
+    failed (`sbatch --requeue`: SLURM_RESTART_COUNT counts the restarts; the job id stays), or when this run is
+    the successor queued behind that run's Slurm job (`successor_of`: launcher.backends.slurm.successor): the
+    same name and Slurm job, still recorded as running in live mode. Its previous launcher is gone with the node
+    (or with its Slurm job, which a successor starts only after), however fresh its last heartbeat. None
+    otherwise."""
+    if successor_of is not None:
+        slurm_job_id = successor_of
+    elif not slurm_job_id or not (env.get("SLURM_RESTART_COUNT") or "0").isdigit() or \
             int(env.get("SLURM_RESTART_COUNT") or 0) == 0 or env.get("SLURM_JOB_ID") != str(slurm_job_id):
         return None
     job = db.find_job(job_name)
     ok = job is not None and job.state == "running" and str(job.slurm_job_id) == str(slurm_job_id)
     return job if ok and job.mode == "live" else None
+
+
+def takeover(opts) -> str:
+    """Why this run takes the job over: Slurm requeued it, or it is the job's successor."""
+    if opts.successor_of is not None:
+        return (f"its Slurm job {opts.successor_of} ended without its launcher ending the job (the batch node or "
+                "elastic-launch lost); this is the successor queued behind it")
+    return f"Slurm requeued its batch script after its node failed (restart {opts.requeued})"
+
+
+def queue_successor(opts, backend, log, audit) -> None:
+    """Live mode with safety checkpoints: queue the job's successor where the backend can (Slurm), what brings
+    the job back when its batch node is lost; the survival claim follows (backend.successor)."""
+    if opts.checkpoint_every <= 0:
+        return  # nothing it could resume from: the batch node's loss stays unsurvived, and is said so
+    try:
+        sid = backend.queue_successor(opts.job_name)
+    except Exception as exc:  # noqa: BLE001 -- said; the job runs, without that cover
+        log(f"could not queue the job's successor ({exc}): the loss of the batch node would end the job")
+        return
+    if sid is not None:
+        log(f"successor job {sid} queued behind this one (Dependency): if the batch node is lost, it resumes the "
+            "job from its newest safety checkpoint")
+        audit("successor", f"Slurm job {sid} queued to take the job over if its batch node is lost")
 
 
 def nothing_to_resume(job_name: str, ckpt_dir: str) -> str:
@@ -59,8 +87,7 @@ def resume_point(opts, recorder, ckpt_dir: str):
     if job is not None and job.state != "suspended" and lost_since(job) is None and not opts.requeued:
         job = None  # a finished or running job of that name: the resumed run is a new job
     if job is not None and job.state == "running":  # lost: nobody drives it, this launcher takes it over
-        why = (f"Slurm requeued its batch script after its node failed (restart {opts.requeued})" if opts.requeued
-               else f"lost since {lost_since(job):%Y-%m-%d %H:%M:%S} UTC")
+        why = takeover(opts) if opts.requeued else f"lost since {lost_since(job):%Y-%m-%d %H:%M:%S} UTC"
         recorder.log(f"taking over job {opts.job_name} (id {job.id}), {why}, at step {job.last_step}")
     recorder.log(f"resuming job {opts.job_name} from {path}")
     return job, path, requests
@@ -82,7 +109,7 @@ def continue_job(recorder, holdings, opts, job, nodes: list[str], slurm_job_id) 
     db.set_job_state(job.id, "running")
 
 
-def finish_resume(mode, path: str, requests, requeued=None) -> None:
+def finish_resume(mode, path: str, requests, requeued=None, why: str = "") -> None:
     """Wait until every worker loaded the checkpoint `path` (event 0); answer the `resume` requests. A job
     taken over after Slurm requeued it (`requeued`: its record before) gets a `requeue` migration in its
     history, with the committed steps lost."""
@@ -101,10 +128,10 @@ def finish_resume(mode, path: str, requests, requeued=None) -> None:
     rec.audit("resume", msg)
     rec.log(msg)
     if requeued is not None:
-        record_requeue(mode, requeued, path, step)
+        record_requeue(mode, requeued, path, step, why)
 
 
-def record_requeue(mode, job, path: str, step: int) -> None:
+def record_requeue(mode, job, path: str, step: int, why: str = "") -> None:
     """The requeue as one migration: from the layout the job last ran to the one it resumed on, at the
     checkpoint's step, the steps committed after it lost."""
     rec, lost = mode.recorder, max(job.last_step - step, 0)
@@ -112,7 +139,8 @@ def record_requeue(mode, job, path: str, step: int) -> None:
                   nodes_after=len(mode.workers.active))
     rec.begin(out, {"restore_from": path, "step": step, "steps_before": job.last_step})
     out.ok, out.at_step = True, step
-    out.message = f"requeued by Slurm after its node failed; resumed from checkpoint at step {step}: {lost} steps lost"
+    out.message = f"{why or 'requeued by Slurm after its node failed'}; resumed from checkpoint at step {step}: " \
+                  f"{lost} steps lost"
     size = sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
     rec.succeeded(out, checkpoint=size, error=out.message, steps_lost=lost)
     rec.log(f"{out.from_layout} -> {out.to_layout}: {out.message}")

@@ -103,6 +103,8 @@ class SlurmClient(Protocol):
 
     def no_kill(self, job_id: int) -> bool | None: ...
 
+    def batch_script(self, job_id: int) -> str: ...
+
     def probe_node(self, job_id: int, node: str, timeout: float, het_group: int | None = None,
                    gpus: int = 0) -> str | None: ...
 
@@ -197,6 +199,10 @@ class SlurmCommands:
             except SlurmError:
                 found.append(None)
         return submitted_no_kill(found[0], found[1], os.environ)
+
+    def batch_script(self, job_id: int) -> str:
+        """Job `job_id`'s batch script as Slurm keeps it (`scontrol write batch_script`)."""
+        return self._run(build_batch_script_command(job_id), f"reading job {job_id}'s batch script", _STATUS_HINT)
 
     def version(self) -> tuple[int, int]:
         """The cluster tools' Slurm major.minor, e.g. (22, 5)."""

@@ -36,6 +36,7 @@ from launcher.backends.slurm.commands import (
 )
 from launcher.backends.slurm.health import find_draining, find_gone, lost_gres, partition_view
 from launcher.backends.slurm.parse import JobInfo, parse_task_end
+from launcher.backends.slurm.successor import submit_successor
 from launcher.backends.slurm.holdings import (
     COMPANION,
     COMPONENT,
@@ -103,6 +104,7 @@ class SlurmNodes:
         # a plain job whose nodes hold different GPU counts refuses --gres=gpu:N steps above its smallest share
         self.uneven = len({self.gpus[n] for n in nodes}) > 1 and allocation is not None and not allocation.heterogeneous
         self.companions_submitted, self.shapes = 0, {}  # shapes: companion job -> the shape it was submitted with
+        self.successor: int | None = None  # the job queued to take this one over (slurm.successor)
 
     # -- what the job holds -----------------------------------------------------------------------
     def holder(self, node: str) -> Holder | None:
@@ -227,6 +229,10 @@ class SlurmNodes:
     def announce(self, mark: str) -> None:
         self.slurm.set_comment(self.job_id, mark)
 
+    def queue_successor(self, job_name: str) -> int:
+        self.successor = submit_successor(self.slurm, self.job_id, job_name)
+        return self.successor
+
     def check_gres(self) -> str | None:
         """A requeued run: where Slurm refuses GPU requests (slurm.health.lost_gres), steps ask --gres=none."""
         batch = self.batch_node
@@ -344,11 +350,12 @@ class SlurmNodes:
         report.audit("companion", f"companion job {cid} cancelled: {why}")
 
     def close(self, report: Reporter) -> None:
-        for cid in self.companion_jobs():
+        """The launcher ends the job: its successor (nothing to take over) and its companions go."""
+        for cid in ([self.successor] if self.successor is not None else []) + self.companion_jobs():
             try:
                 self.cancel_companion(cid)
-            except Exception as exc:  # noqa: BLE001 -- leaving anyway; the companion's script ends with the job
-                report.log(f"cancelling companion job {cid} failed: {exc}")
+            except Exception as exc:  # noqa: BLE001 -- leaving anyway; a companion's script ends with the job
+                report.log(f"cancelling Slurm job {cid} failed: {exc}")
 
     def adopt_companion(self, job_id: int, nodes: Sequence[str], batch_host: str | None) -> None:
         """The companion job runs on `nodes`: its steps run the workers there now, shaped as it was asked."""

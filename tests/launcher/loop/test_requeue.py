@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from db import Store
-from launcher.errors import UsageError
+from launcher.backends.slurm.successor import submit_successor
+from launcher.errors import NothingToDo, UsageError
 from launcher.launch import check_resumable
-from launcher.loop.suspend import requeued_job
+from launcher.loop.suspend import requeued_job, takeover
 from launcher.options import Options
 
 REQUEUED = {"SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": "1"}
@@ -70,3 +71,56 @@ def test_with_a_checkpoint_the_requeued_run_resumes(store: Store, tmp_path, monk
                    job_name="gpt", checkpoint_dir=tmp_path / "ck")
     check_resumable(opts, store, "41")
     assert (opts.resume, opts.requeued) == (True, 2) and store.find_job("gpt").state == "running"
+
+
+# -- the successor: a second Slurm job queued behind the first (launcher.backends.slurm.successor) --------------
+def _opts(tmp_path):
+    return Options(min_nodes=1, max_nodes=2, gpus_per_node=2, layouts=[], command=["python", "train.py"],
+                   job_name="gpt", checkpoint_dir=tmp_path / "ck")
+
+
+def test_the_successor_takes_over_the_job_its_predecessor_drove(store: Store, tmp_path, monkeypatch) -> None:
+    (tmp_path / "ck" / "step-12").mkdir(parents=True)
+    (tmp_path / "ck" / "step-12" / ".metadata").write_bytes(b"x")
+    monkeypatch.setenv("SLURM_JOB_ID", "57")  # its own Slurm job; the predecessor was 41
+    monkeypatch.setenv("ELASTIC_SUCCESSOR_OF", "41")
+    assert requeued_job(store, "gpt", "57", successor_of="41").id == store.find_job("gpt").id
+    assert requeued_job(store, "gpt", "57", successor_of="40") is None  # another job's successor
+    opts = _opts(tmp_path)
+    check_resumable(opts, store, "57")
+    assert (opts.resume, opts.requeued, opts.successor_of) == (True, 1, "41")
+    assert "successor queued behind it" in takeover(opts)
+
+
+def test_a_successor_whose_job_ended_cleanly_has_nothing_to_do(store: Store, tmp_path, monkeypatch) -> None:
+    store.set_job_state(store.find_job("gpt").id, "finished")
+    monkeypatch.setenv("ELASTIC_SUCCESSOR_OF", "41")
+    with pytest.raises(NothingToDo, match="successor of Slurm job 41: job gpt is finished .* nothing to take over"):
+        check_resumable(_opts(tmp_path), store, "57")
+
+
+def test_the_successor_without_a_checkpoint_fails_the_job_saying_why(store: Store, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ELASTIC_SUCCESSOR_OF", "41")
+    with pytest.raises(UsageError, match="the successor of job gpt found its launcher gone, but nothing to resume"):
+        check_resumable(_opts(tmp_path), store, "57")
+    assert store.find_job("gpt").state == "failed"
+
+
+def test_the_successor_is_its_own_batch_script_queued_behind_the_job(monkeypatch, tmp_path) -> None:
+    """What is submitted (a fake Slurm client records it): the script Slurm keeps for the job, its environment
+    naming the predecessor, queued after the job whatever way it ends, cancelled by Slurm if it never can."""
+    calls = []
+
+    class Slurm:
+        def batch_script(self, job_id):
+            return f"#!/bin/bash\n#SBATCH --nodes=2 --no-kill\nelastic-launch ... # job {job_id}\n"
+
+        def submit(self, script, env=None, extra_args=()):
+            calls.append((script, env, list(extra_args)))
+            return 99
+
+    monkeypatch.chdir(tmp_path)
+    assert submit_successor(Slurm(), 41, "gpt") == 99
+    (script, env, args), = calls
+    assert script.endswith("# job 41\n") and env == {"ELASTIC_SUCCESSOR_OF": "41"}
+    assert args == ["--dependency=afterany:41", "--kill-on-invalid-dep=yes", "--job-name=gpt", f"--chdir={tmp_path}"]

@@ -68,7 +68,7 @@ def test_a_crashed_node_is_survived_from_replicas_and_the_job_grows_back_onto_it
 
 
 def submit_reference_job(slurm, testbed, tmp_path, name: str, *, steps: int, step_sleep: float, nodes: int = 2,
-                         sbatch: str = "--no-kill", launch: str = ""):
+                         sbatch: str = "--no-kill", launch: str = "", checkpoint_every: int = 0):
     """Once every testbed node is idle, submit Slurm job `name`: elastic-launch of the reference GPT, pp2dp2 or
     pp2dp1 on up to 2 nodes x 2 GPUs (resilient placement), `nodes` to start with; (job id, db url, loss file)."""
     url, loss_file = f"sqlite:///{tmp_path}/e.db", tmp_path / "loss.txt"
@@ -77,7 +77,7 @@ def submit_reference_job(slurm, testbed, tmp_path, name: str, *, steps: int, ste
 #SBATCH --nodes={nodes} --ntasks-per-node=2 --gres=gpu:2 {sbatch} --job-name={name} --output={tmp_path}/batch.out --chdir={tmp_path}
 export PYTHONPATH={ROOT}
 exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --layouts pp2dp2,pp2dp1 --placement resilient \\
-    {launch} --checkpoint-every 0 --db {url} --log-dir {tmp_path}/logs -- python -m launcher.worker --layers 4 \\
+    {launch} --checkpoint-every {checkpoint_every} --db {url} --log-dir {tmp_path}/logs -- python -m launcher.worker --layers 4 \\
     --hidden 128 --vocab 512 --log-every 0 --loss-file {loss_file} --steps {steps} --step-sleep {step_sleep}
 """
     return slurm.submit(script), url, loss_file
