@@ -71,7 +71,7 @@ def check_allocation(opts: Options, backend) -> None:
         raise UsageError(f"--layouts/--nnodes on the allocation's nodes ({backend.describe()}): {exc}") from None
 
 
-def check_resumable(opts: Options, store, slurm_job_id: str | None = None) -> None:
+def check_resumable(opts: Options, store, slurm_job_id: str | None = None, backend=None) -> None:
     """--resume with no checkpoint to go on from: a UsageError before any worker starts (else the workers
     start, and the run fails only once they registered). Restart mode's scripts resume from their own.
 
@@ -86,6 +86,13 @@ def check_resumable(opts: Options, store, slurm_job_id: str | None = None) -> No
     if requeued is not None:
         opts.resume, opts.requeued = True, int(os.environ.get("SLURM_RESTART_COUNT") or 0) or 1
         opts.successor_of = successor_of
+        if successor_of is not None:
+            opts.successor_why = backend.takeover_reason(successor_of) if backend is not None else "its job ended"
+            if opts.successor_why is None:
+                store.close()
+                raise NothingToDo(f"successor of Slurm job {successor_of}: that job runs and its batch node is up "
+                                  "(its launcher was only out of touch with slurmctld); nothing to take over -- it "
+                                  "queues a new successor")
     elif successor_of is not None:
         job = store.find_job(opts.job_name)
         store.close()
@@ -127,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             dry_run(opts, backend, db_url(args.db))
             return 0
         store = open_store(args.db, create=True)
-        check_resumable(opts, store, slurm_job_id)
+        check_resumable(opts, store, slurm_job_id, backend)
     except UsageError as exc:
         print(f"elastic-launch: error: {exc}", file=sys.stderr)
         return 2

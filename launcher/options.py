@@ -221,6 +221,7 @@ class Options:
     resume: bool = False
     requeued: int = 0  # Slurm restarted the batch script after its node failed (launcher.loop.suspend.requeued_job)
     successor_of: str | None = None  # this run is the successor of that Slurm job (launcher.backends.slurm.successor)
+    successor_why: str = ""  # why it takes over (that job ended, or lost its batch node)
     release_early: bool = False  # migrations free old tensors as they are sent (lower peak memory)
     node_gpus: tuple[int, ...] = ()  # local backend, uneven nodes: GPUs of each simulated node
     mode: str = "auto"  # live | restart | auto (restart until the workers join through launcher.runtime)

@@ -219,9 +219,16 @@ class NodeBackend(Protocol):
 
     successor: object  # the job queued to take this one over if the batch node is lost (None: none)
 
-    def queue_successor(self, job_name: str):
+    def queue_successor(self, job_name: str, min_nodes: int, max_nodes: int):
         """Queue a successor that resumes the job from its safety checkpoint if the batch node (with the
         launcher) is lost (launcher.backends.slurm.successor); its id, or None where the backend has none."""
+
+    def keep_successor(self) -> str | None:
+        """Called every poll: hold the successor back while this launcher lives; what is worth saying, or None."""
+
+    def takeover_reason(self, predecessor: str) -> str | None:
+        """In a successor: why it may take over from Slurm job `predecessor` now (what is left of it cancelled),
+        or None while that job's launcher may be alive."""
 
     def forget(self, node: str) -> list[str]:
         """`node` is gone: never start workers there again, take it out of the allocation as far as the

@@ -69,8 +69,14 @@ class LocalNodes:
 
     successor = None  # this machine is the batch node: nothing could take over after it
 
-    def queue_successor(self, job_name: str) -> None:
+    def queue_successor(self, job_name: str, min_nodes: int, max_nodes: int) -> None:
         return None
+
+    def keep_successor(self) -> None:
+        return None
+
+    def takeover_reason(self, predecessor: str) -> str:
+        return f"job {predecessor} ended"  # no successors here: never asked
 
     def forget(self, node: str) -> list[str]:
         return []

@@ -257,6 +257,8 @@ class Launcher:
     def poll_once(self) -> bool:
         """One round of checks; False once the job is over."""
         self.recorder.heartbeat(lambda: latest_checkpoint(self.ckpt_dir) if isinstance(self.mode, LiveMode) else None)
+        if said := self.backend.keep_successor():  # held back while this launcher lives (slurm.successor)
+            self.log(said)
         if self.deciding and self.went_live():
             return True
         going = self.mode.poll() if isinstance(self.mode, RestartMode) else self._poll_live()

@@ -47,8 +47,8 @@ def requeued_job(db, job_name: str, slurm_job_id: str | None, env=os.environ, su
 def takeover(opts) -> str:
     """Why this run takes the job over: Slurm requeued it, or it is the job's successor."""
     if opts.successor_of is not None:
-        return (f"its Slurm job {opts.successor_of} ended without its launcher ending the job (the batch node or "
-                "elastic-launch lost); this is the successor queued behind it")
+        return (f"taken over by the successor held in the queue behind Slurm job {opts.successor_of}: "
+                f"{opts.successor_why or 'that job ended'}")
     return f"Slurm requeued its batch script after its node failed (restart {opts.requeued})"
 
 
@@ -58,13 +58,13 @@ def queue_successor(opts, backend, log, audit) -> None:
     if opts.checkpoint_every <= 0:
         return  # nothing it could resume from: the batch node's loss stays unsurvived, and is said so
     try:
-        sid = backend.queue_successor(opts.job_name)
+        sid = backend.queue_successor(opts.job_name, opts.min_nodes, opts.max_nodes)
     except Exception as exc:  # noqa: BLE001 -- said; the job runs, without that cover
         log(f"could not queue the job's successor ({exc}): the loss of the batch node would end the job")
         return
     if sid is not None:
-        log(f"successor job {sid} queued behind this one (Dependency): if the batch node is lost, it resumes the "
-            "job from its newest safety checkpoint")
+        log(f"successor job {sid} held in the queue while this launcher lives: if the batch node is lost, it "
+            "starts within a minute and resumes the job from its newest safety checkpoint")
         audit("successor", f"Slurm job {sid} queued to take the job over if its batch node is lost")
 
 

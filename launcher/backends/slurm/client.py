@@ -20,6 +20,7 @@ from launcher.backends.slurm.commands import (
     build_batch_script_command,
     build_cancel_command,
     build_comment_command,
+    build_hold_command,
     build_node_states_command,
     build_sbatch_command,
     build_show_job_command,
@@ -92,6 +93,8 @@ class SlurmClient(Protocol):
     def cancel(self, job_id: int) -> None: ...
 
     def set_comment(self, job_id: int, comment: str) -> None: ...
+
+    def hold(self, job_id: int, seconds: int) -> None: ...
 
     def signal(self, job_id: int, sig: int | str, batch: bool = False) -> None: ...
 
@@ -253,6 +256,11 @@ class SlurmCommands:
     def cancel(self, job_id: int) -> None:
         self._run(build_cancel_command(job_id), f"cancelling job {job_id}",
                   "check the job id with `squeue`")
+
+    def hold(self, job_id: int, seconds: int) -> None:
+        """Keep pending job `job_id` from starting for `seconds` more (its StartTime)."""
+        self._run(build_hold_command(job_id, seconds), f"holding job {job_id}", "the job must be pending; check it "
+                  "with `squeue`")
 
     def set_comment(self, job_id: int, comment: str) -> None:
         self._run(build_comment_command(job_id, comment), f"marking job {job_id}",

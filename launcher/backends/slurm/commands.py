@@ -197,6 +197,11 @@ def build_companion_command(job_name: str, n: int, nodes: int, gpus_per_node: in
                                                            exclude, output, of_job))
 
 
+def build_hold_command(job_id: int | str, seconds: int) -> list[str]:
+    """`scontrol update JobId=X StartTime=now+N`: a pending job is not started before then."""
+    return ["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{int(seconds)}"]
+
+
 def build_comment_command(job_id: int | str, comment: str) -> list[str]:
     """`scontrol update JobId=X Comment=...`: what squeue shows every user (launcher.policy.peers' marks)."""
     return ["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"]

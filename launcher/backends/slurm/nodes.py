@@ -36,7 +36,7 @@ from launcher.backends.slurm.commands import (
 )
 from launcher.backends.slurm.health import find_draining, find_gone, lost_gres, partition_view
 from launcher.backends.slurm.parse import JobInfo, parse_task_end
-from launcher.backends.slurm.successor import submit_successor
+from launcher.backends.slurm.successor import Successor, takeover_reason
 from launcher.backends.slurm.holdings import (
     COMPANION,
     COMPONENT,
@@ -104,7 +104,7 @@ class SlurmNodes:
         # a plain job whose nodes hold different GPU counts refuses --gres=gpu:N steps above its smallest share
         self.uneven = len({self.gpus[n] for n in nodes}) > 1 and allocation is not None and not allocation.heterogeneous
         self.companions_submitted, self.shapes = 0, {}  # shapes: companion job -> the shape it was submitted with
-        self.successor: int | None = None  # the job queued to take this one over (slurm.successor)
+        self.successor: Successor | None = None  # the job held in the queue to take this one over
 
     # -- what the job holds -----------------------------------------------------------------------
     def holder(self, node: str) -> Holder | None:
@@ -229,9 +229,15 @@ class SlurmNodes:
     def announce(self, mark: str) -> None:
         self.slurm.set_comment(self.job_id, mark)
 
-    def queue_successor(self, job_name: str) -> int:
-        self.successor = submit_successor(self.slurm, self.job_id, job_name)
-        return self.successor
+    def queue_successor(self, job_name: str, min_nodes: int, max_nodes: int) -> int:
+        self.successor = Successor(self.slurm, self.job_id, job_name, min_nodes, max_nodes)
+        return self.successor.submit()
+
+    def keep_successor(self) -> str | None:
+        return self.successor.keep() if self.successor is not None else None
+
+    def takeover_reason(self, predecessor: str) -> str | None:
+        return takeover_reason(self.slurm, predecessor)
 
     def check_gres(self) -> str | None:
         """A requeued run: where Slurm refuses GPU requests (slurm.health.lost_gres), steps ask --gres=none."""
@@ -351,7 +357,8 @@ class SlurmNodes:
 
     def close(self, report: Reporter) -> None:
         """The launcher ends the job: its successor (nothing to take over) and its companions go."""
-        for cid in ([self.successor] if self.successor is not None else []) + self.companion_jobs():
+        successor = [self.successor.id] if self.successor is not None and self.successor.id is not None else []
+        for cid in successor + self.companion_jobs():
             try:
                 self.cancel_companion(cid)
             except Exception as exc:  # noqa: BLE001 -- leaving anyway; a companion's script ends with the job

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from db import Store
-from launcher.backends.slurm.successor import submit_successor
+from launcher.backends.slurm.parse import JobInfo
 from launcher.errors import NothingToDo, UsageError
 from launcher.launch import check_resumable
 from launcher.loop.suspend import requeued_job, takeover
@@ -89,7 +89,7 @@ def test_the_successor_takes_over_the_job_its_predecessor_drove(store: Store, tm
     opts = _opts(tmp_path)
     check_resumable(opts, store, "57")
     assert (opts.resume, opts.requeued, opts.successor_of) == (True, 1, "41")
-    assert "successor queued behind it" in takeover(opts)
+    assert "taken over by the successor" in takeover(opts)
 
 
 def test_a_successor_whose_job_ended_cleanly_has_nothing_to_do(store: Store, tmp_path, monkeypatch) -> None:
@@ -106,21 +106,88 @@ def test_the_successor_without_a_checkpoint_fails_the_job_saying_why(store: Stor
     assert store.find_job("gpt").state == "failed"
 
 
-def test_the_successor_is_its_own_batch_script_queued_behind_the_job(monkeypatch, tmp_path) -> None:
-    """What is submitted (a fake Slurm client records it): the script Slurm keeps for the job, its environment
-    naming the predecessor, queued after the job whatever way it ends, cancelled by Slurm if it never can."""
-    calls = []
+class _Slurm:
+    """A fake Slurm client: what the successor asks of it, recorded; jobs and node states as the test sets."""
 
-    class Slurm:
-        def batch_script(self, job_id):
-            return f"#!/bin/bash\n#SBATCH --nodes=2 --no-kill\nelastic-launch ... # job {job_id}\n"
+    def __init__(self, jobs=None, nodes=None):
+        self.calls, self.jobs, self.nodes, self.next_id = [], dict(jobs or {}), dict(nodes or {}), 99
 
-        def submit(self, script, env=None, extra_args=()):
-            calls.append((script, env, list(extra_args)))
-            return 99
+    def batch_script(self, job_id):
+        return f"#!/bin/bash\n#SBATCH --nodes=2 --no-kill\nelastic-launch ... # job {job_id}\n"
 
+    def submit(self, script, env=None, extra_args=()):
+        self.calls.append(("submit", script, env, list(extra_args)))
+        self.next_id += 1
+        self.jobs[self.next_id] = JobInfo(self.next_id, "PENDING", [], None, 0)
+        return self.next_id
+
+    def hold(self, job_id, seconds):
+        self.calls.append(("hold", job_id, seconds))
+        if job_id not in self.jobs or self.jobs[job_id].state != "PENDING":
+            raise RuntimeError("Job is no longer pending execution")
+
+    def job_info(self, job_id):
+        if job_id not in self.jobs:
+            raise RuntimeError("Invalid job id specified")
+        return self.jobs[job_id]
+
+    def node_states(self, nodes):
+        return {n: self.nodes[n] for n in nodes if n in self.nodes}
+
+    def cancel(self, job_id):
+        self.calls.append(("cancel", job_id))
+
+
+def test_the_successor_is_its_own_batch_script_held_in_the_queue_while_the_launcher_lives(monkeypatch, tmp_path):
+    """What is submitted: the script Slurm keeps for the job, its environment naming the predecessor, not to
+    start before a minute from now, on MIN..MAX nodes; every POSTPONE_S the launcher pushes that minute back;
+    one that is gone (started while the pushes failed, found the launcher alive, left) is queued anew."""
+    from launcher.backends.slurm import successor as mod
+
+    slurm, clock = _Slurm(), [1000.0]
+    monkeypatch.setattr(mod.time, "monotonic", lambda: clock[0])
     monkeypatch.chdir(tmp_path)
-    assert submit_successor(Slurm(), 41, "gpt") == 99
-    (script, env, args), = calls
+    succ = mod.Successor(slurm, 41, "gpt", 1, 2)
+    assert succ.submit() == 100
+    (_, script, env, args), = slurm.calls
     assert script.endswith("# job 41\n") and env == {"ELASTIC_SUCCESSOR_OF": "41"}
-    assert args == ["--dependency=afterany:41", "--kill-on-invalid-dep=yes", "--job-name=gpt", f"--chdir={tmp_path}"]
+    assert args == ["--begin=now+60", "--job-name=gpt", f"--chdir={tmp_path}", "--nodes=1-2"]
+    assert succ.keep() is None and slurm.calls[-1][0] == "submit"  # too soon to push
+    clock[0] += mod.POSTPONE_S
+    assert succ.keep() is None and slurm.calls[-1] == ("hold", 100, 60)
+    slurm.jobs[100] = JobInfo(100, "RUNNING", ["n3"], "n3", 1)  # started: the pushes had failed for a minute
+    clock[0] += mod.POSTPONE_S
+    assert succ.keep() == "successor job 100 is gone; queued job 101 instead" and succ.id == 101
+    succ.cancel()
+    assert slurm.calls[-1] == ("cancel", 101) and succ.id is None
+
+
+@pytest.mark.parametrize("job, node, cancelled, why", [
+    (None, None, False, "it has ended"),  # gone from Slurm's memory
+    (JobInfo(41, "COMPLETED", [], "n1", 2), None, False, "has ended (COMPLETED)"),
+    (JobInfo(41, "RUNNING", ["n1", "n2"], "n1", 2), ("down", False), True, "lost its batch node n1 (down)"),
+    (JobInfo(41, "RUNNING", ["n2"], "n1", 1), ("idle", True), True, "lost its batch node n1"),  # taken out of it
+    (JobInfo(41, "RUNNING", ["n1", "n2"], "n1", 2), ("mixed", False), False, None),  # a missed ping: alive
+    (JobInfo(41, "RUNNING", ["n1", "n2"], "n1", 2), ("mixed", True), False, None),
+])
+def test_a_successor_takes_over_only_from_a_job_that_ended_or_lost_its_batch_node(job, node, cancelled, why):
+    from launcher.backends.slurm.successor import takeover_reason
+
+    slurm = _Slurm({41: job} if job else {}, {"n1": node} if node else {})
+    got = takeover_reason(slurm, "41")
+    assert (got is None) == (why is None) and (why is None or why in got), got
+    assert (("cancel", 41) in slurm.calls) == cancelled
+
+
+def test_a_successor_leaves_a_job_whose_launcher_lives(store: Store, tmp_path, monkeypatch) -> None:
+    """The successor started because slurmctld did not answer the launcher's pushes for a minute: the job runs,
+    its batch node is up, so it leaves (exit 0) and the launcher queues a new one."""
+    monkeypatch.setenv("ELASTIC_SUCCESSOR_OF", "41")
+
+    class Alive:
+        def takeover_reason(self, predecessor):
+            return None
+
+    with pytest.raises(NothingToDo, match="that job runs and its batch node is up"):
+        check_resumable(_opts(tmp_path), store, "57", Alive())
+    assert store.find_job("gpt").state == "running"
