@@ -14,6 +14,10 @@ from collections.abc import Callable, Sequence
 from launcher.backends.slurm.client import SlurmError
 from launcher.backends.slurm.parse import GONE_STATES
 
+# idle nodes that are not free to grow onto: reserved, drained, planned by the backfill scheduler for a pending
+# job (Slurm's own plan, what `squeue --start` shows), or on their way out of service
+NOT_FREE = {"RESERVED", "DRAIN", "DRAINING", "PLANNED", "MAINTENANCE", "POWERED_DOWN", "POWER_DOWN", "POWERING_DOWN",
+            "REBOOT_REQUESTED", "NOT_RESPONDING", "COMPLETING"}
 PROBE_STEP_S = 15.0  # a one-task step on a node whose slurmd is gone: srun gives up after MessageTimeout (10 s)
 
 
@@ -38,7 +42,8 @@ def partition_view(slurm, partition: str, own: set[int]):
     except SlurmError as exc:  # slurmctld busy: nothing decided this time
         print(f"[elastic-launch] reading the partition failed: {exc}", file=sys.stderr, flush=True)
         return None
-    idle = [n.name for n in nodes if n.state == "idle" and (not partition or partition in n.partitions)]
+    idle = [n.name for n in nodes if n.state == "idle" and not set(n.flags) & NOT_FREE
+            and (not partition or partition in n.partitions)]
     return pending_view(idle, [j for j in jobs if not partition or j.partition == partition], own=tuple(own))
 
 

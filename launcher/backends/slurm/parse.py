@@ -47,6 +47,7 @@ class NodeInfo:
     cpus: int
     gres: str
     partitions: list[str] = field(default_factory=list)
+    flags: tuple[str, ...] = field(default=(), compare=False)  # state flags: RESERVED, DRAIN, PLANNED, ...
 
 
 
@@ -143,6 +144,7 @@ def parse_sinfo_json(text: str) -> list[NodeInfo]:
             cpus=int(node.get("cpus") or 0),
             gres=node.get("gres") or "",
             partitions=list(node.get("partitions") or []),
+            flags=tuple(str(f).upper() for f in node.get("state_flags") or ()),
         )
         for node in data.get("nodes", [])
     ]

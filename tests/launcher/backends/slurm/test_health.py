@@ -52,3 +52,31 @@ def test_without_slurmctlds_answer_the_steps_still_tell() -> None:
     slurm = Slurm(None, {"n2": "a one-task step on it did not end within 15 s"})
     assert find_gone(slurm, ["n1", "n2"], lambda n: (5, {})) == {"n2": "a one-task step on it did not end within 15 s"}
     assert find_gone(slurm, [], lambda n: (5, {})) == {}
+
+
+def test_the_policy_grows_only_onto_nodes_that_are_free() -> None:
+    """sinfo --json recorded on the testbed (tests/dashboard/data/sinfo-plain.json): n1 runs jobs, n2 is
+    idle but PLANNED by the backfill scheduler for a pending job, n3 idle in a reservation, n4 idle and
+    drained. None of them is free to grow onto; with the flags gone, n2 is."""
+    from dataclasses import replace
+
+    from launcher.backends.slurm.health import partition_view
+    from launcher.backends.slurm.parse import parse_sinfo_json
+    from tests.paths import ROOT
+
+    nodes = parse_sinfo_json((ROOT / "tests" / "dashboard" / "data" / "sinfo-plain.json").read_text())
+    assert {n.name: n.flags for n in nodes}["n3"] == ("RESERVED", "PLANNED")
+
+    class Slurm:
+        def __init__(self, nodes):
+            self.listed = nodes
+
+        def nodes(self):
+            return self.listed
+
+        def jobs(self):
+            return []
+
+    assert partition_view(Slurm(nodes), "", own=set()).idle == ()
+    freed = [replace(n, flags=()) if n.name == "n2" else n for n in nodes]
+    assert partition_view(Slurm(freed), "", own=set()).idle == ("n2",)
