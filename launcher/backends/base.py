@@ -180,8 +180,9 @@ class NodeBackend(Protocol):
         back (e.g. a companion job's non-batch nodes) rank higher."""
 
     def acquire(self, count: int, *, job_name: str, exclude: Sequence[str], timeout: float,
-                report: Reporter) -> Acquired:
-        """Get `count` more nodes (none of `exclude`) within `timeout` s.
+                report: Reporter, whole: bool = False) -> Acquired:
+        """Get `count` more nodes (none of `exclude`) within `timeout` s; `whole`: nodes no other job uses
+        (a grow of --policy opportunistic, which counts whole idle nodes).
         Raises CannotAcquire (no way to) or AcquireFailed (tried, failed; already cleaned up)."""
 
     def abandon(self, acquired: Acquired, why: str, report: Reporter) -> None:

@@ -150,7 +150,7 @@ class LocalNodes:
         return 0
 
     def acquire(self, count: int, *, job_name: str, exclude: Sequence[str], timeout: float,
-                report: Reporter) -> Acquired:
+                report: Reporter, whole: bool = False) -> Acquired:
         raise CannotAcquire("the local backend cannot grow beyond it")
 
     def abandon(self, acquired: Acquired, why: str, report: Reporter) -> None:

@@ -214,7 +214,8 @@ class Launcher:
         out = Outcome(trigger, False, "", from_layout=str(self.current.layout), nodes_before=n, nodes_after=n)
         try:
             got = self.backend.acquire(count, job_name=self.opts.job_name, exclude=exclude,
-                                       timeout=self.opts.companion_timeout, report=self.reporter)
+                                       timeout=self.opts.companion_timeout, report=self.reporter,
+                                       whole=trigger == "policy")  # it counted whole idle nodes
         except CannotAcquire as exc:
             out.message = f"only {idle} idle node(s) left in the allocation; {exc}"
             return self.recorder.keep(out)

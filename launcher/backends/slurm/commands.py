@@ -139,7 +139,7 @@ def companion_job_name(job_name: str, n: int) -> str:
 
 def build_companion_args(job_name: str, n: int, nodes: int, gpus_per_node: int, partition: str = "",
                          exclude: Sequence[str] = (), output: str | Path | None = None,
-                         of_job: int | str | None = None) -> list[str]:
+                         of_job: int | str | None = None, whole: bool = False) -> list[str]:
     """sbatch options of a companion job: `nodes` more whole nodes for a running elastic job.
 
     Slurm 22.05 cannot grow a job that holds GRES (`--dependency=expand` fails with "has
@@ -148,7 +148,10 @@ def build_companion_args(job_name: str, n: int, nodes: int, gpus_per_node: int, 
     per node, and starts the workers on them as steps of that job. `exclude` keeps the
     companion off nodes the job already holds (the scheduler would otherwise pack it onto their
     free cores). `--no-requeue`: a companion that lost a node must not come back on its own;
-    `--no-kill`: one of its nodes crashing must not take the others (launcher.loop.probe). `of_job`: the
+    `--no-kill`: one of its nodes crashing must not take the others (launcher.loop.probe). `whole`
+    (`--exclusive`): whole nodes, as --policy opportunistic counts idle nodes and grows onto them: measured on
+    the testbed, two elastic jobs' companions packed onto one node's free GPUs, so a yield released no whole
+    node and the other job yielded again for the same pending job. `of_job`: the
     main job, named in the comment so that other elastic jobs' policies know the pending companion for a
     grow, not work to yield to, and count its nodes as this job's (launcher.policy.peers).
     """
@@ -162,7 +165,7 @@ def build_companion_args(job_name: str, n: int, nodes: int, gpus_per_node: int, 
     args += [f"--nodes={nodes}", f"--gres=gpu:{gpus_per_node}", f"--ntasks-per-node={gpus_per_node}"]
     if exclude:
         args.append(f"--exclude={compress_hostlist(exclude)}")
-    args += ["--no-requeue", "--no-kill"]
+    args += [*(["--exclusive"] if whole else []), "--no-requeue", "--no-kill"]
     if of_job is not None:
         args.append(f"--comment={companion_mark(of_job)}")
     if output is not None:
@@ -191,10 +194,10 @@ done
 
 def build_companion_command(job_name: str, n: int, nodes: int, gpus_per_node: int, partition: str = "",
                             exclude: Sequence[str] = (), output: str | Path | None = None,
-                            of_job: int | str | None = None) -> list[str]:
+                            of_job: int | str | None = None, whole: bool = False) -> list[str]:
     """The full sbatch line of a companion job (its script, build_companion_script, goes on stdin)."""
     return build_sbatch_command(None, build_companion_args(job_name, n, nodes, gpus_per_node, partition,
-                                                           exclude, output, of_job))
+                                                           exclude, output, of_job, whole))
 
 
 def build_hold_command(job_id: int | str, seconds: int) -> list[str]:

@@ -285,18 +285,19 @@ class SlurmNodes:
         """The next companion job's ask: like the component that lost the most nodes (companion_shape)."""
         return companion_shape(self.start_holders, list(self.holders.values()), self.gpus)
 
-    def companion_command(self, job_name: str, n: int, nodes: int, exclude: Sequence[str]) -> tuple[list[str], str]:
+    def companion_command(self, job_name: str, n: int, nodes: int, exclude: Sequence[str],
+                          whole: bool = False) -> tuple[list[str], str]:
         """(sbatch argv, script) of companion job number n: pure, what submit_companion runs."""
         output = self.log_dir / f"companion-{n}-%j.out" if self.log_dir is not None else "/dev/null"
         shape = self.shape()
         return (build_companion_command(job_name, n, nodes, shape.gpus, shape.partition, exclude, output,
-                                        self.job_id),
+                                        self.job_id, whole),
                 build_companion_script(self.job_id))
 
-    def submit_companion(self, job_name: str, nodes: int, exclude: Sequence[str]) -> int:
+    def submit_companion(self, job_name: str, nodes: int, exclude: Sequence[str], whole: bool = False) -> int:
         """Submit the next companion job asking for `nodes` nodes (not `exclude`); returns its Slurm id."""
         self.companions_submitted += 1
-        cmd, script = self.companion_command(job_name, self.companions_submitted, nodes, exclude)
+        cmd, script = self.companion_command(job_name, self.companions_submitted, nodes, exclude, whole)
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         shape = self.shape()
@@ -305,11 +306,11 @@ class SlurmNodes:
         return cid
 
     def acquire(self, count: int, *, job_name: str, exclude: Sequence[str], timeout: float,
-                report: Reporter) -> Acquired:
+                report: Reporter, whole: bool = False) -> Acquired:
         """Submit a companion job for `count` more nodes and wait up to `timeout` s until it runs.
         One that cannot be submitted, ends, or does not start in time is cancelled (AcquireFailed)."""
         try:
-            cid = self.submit_companion(job_name, count, exclude)
+            cid = self.submit_companion(job_name, count, exclude, whole)
         except SlurmError as exc:  # sbatch refused it
             raise AcquireFailed(f"companion job for {count} more node(s) could not be submitted: {exc}") from None
         report.log(f"companion job {cid}: asking Slurm for {count} more node(s), waiting up to {timeout:.0f} s")

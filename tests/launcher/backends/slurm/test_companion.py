@@ -58,6 +58,15 @@ def test_companion_command_matches_golden(name, build) -> None:
     golden(f"{name}.txt", "\n".join(built) + "\n")
 
 
+def test_a_grow_of_the_policy_asks_for_whole_nodes() -> None:
+    """--policy opportunistic counts whole idle nodes: its grows' companions are --exclusive (two elastic jobs'
+    companions packed onto one node's free GPUs on the testbed, and a yield then freed no whole node); an
+    admin's grow keeps sharing allowed."""
+    policy = build_companion_command("train", 3, 1, 4, whole=True)
+    assert "--exclusive" in policy and "--exclusive" not in build_companion_command("train", 3, 1, 4)
+    assert policy[:-3] + policy[-2:] == build_companion_command("train", 3, 1, 4)
+
+
 def test_companion_command_asks_for_whole_nodes_like_the_job() -> None:
     cmd = build_companion_command("elastic-it", 2, 3, 4, "gpu", ["n1", "n2", "n5"])
     assert cmd[:2] == ["sbatch", "--parsable"]  # the script goes on stdin
@@ -182,8 +191,9 @@ def test_companion_that_never_starts_is_cancelled_and_the_grow_fails(slurm, tmp_
     la.handle_request(req)
     (sbatch, script), = [(c, i) for c, i in slurm.calls if c[0] == "sbatch"]
     assert sbatch == ["sbatch", "--parsable", "--job-name=elastic-it-companion-1", "--partition=debug", "--nodes=2",
-                      "--gres=gpu:2", "--ntasks-per-node=2", "--exclude=n[1-2]", "--no-requeue", "--no-kill",
-                      "--comment=elastic-launch companion-of=5", f"--output={tmp_path}/logs/companion-1-%j.out"]
+                      "--gres=gpu:2", "--ntasks-per-node=2", "--exclude=n[1-2]", "--no-requeue",
+                      "--no-kill", "--comment=elastic-launch companion-of=5",
+                      f"--output={tmp_path}/logs/companion-1-%j.out"]
     assert script == build_companion_script(5)
     assert slurm.commands("scancel") == [["scancel", "17"]]
     assert not slurm.commands("scontrol update"), "the job itself is not touched"
