@@ -42,9 +42,10 @@ def _pending_text(p: dict[str, Any]) -> str:
 
 def policy_rows(store: "Store", view: ClusterView) -> list[PolicyRow]:
     released = {s.job_id: s.released for s in view.shrink}
+    records = {j.id: j for j in store.list_jobs()}  # one query: each job's policy and last look
     rows = []
     for job in elastic_jobs(store):
-        record = store.get_job(job.id)
+        record = records.get(job.id)
         if record is None:
             continue
         watch = (record.policy_watch or {}) if record.policy == "opportunistic" else {}

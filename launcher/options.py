@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from db.vocab import POLICIES
 from launcher.errors import UsageError
 from launcher.policy.survival import DEFAULT_CHECKPOINT_EVERY, auto_checkpoint_every
 
@@ -120,7 +121,7 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="address workers use to reach the control plane (default: this host's name; 127.0.0.1 "
                         "for the local backend)")
     p.add_argument("--master-port", type=int, default=0, help="control-plane port (default: a free port)")
-    p.add_argument("--policy", choices=("manual", "opportunistic"), default="manual",
+    p.add_argument("--policy", choices=POLICIES, default="manual",
                    help="manual (default): the job changes size only when asked (elastic resize/preempt, the "
                         "dashboard, a signal); opportunistic (Slurm, live mode): it grows into its partition's idle "
                         "nodes up to MAX and gives nodes above MIN back when a job pending there needs them "

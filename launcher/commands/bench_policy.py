@@ -9,9 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from db.vocab import POLICIES
 from launcher.errors import UsageError
-
-POLICIES = ("manual", "opportunistic")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

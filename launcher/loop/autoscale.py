@@ -2,11 +2,11 @@
 
 The policy is the job's record in the database (`elastic-launch --policy` sets it; an admin switches it from
 the dashboard), read at every look, so a switch takes effect within a look. On `opportunistic`, every
---policy-watch seconds (WATCH_S by default) the backend reads the job's partition (its idle nodes, the jobs pending there, the other elastic jobs) and
-launcher.policy.opportunistic decides. A decision becomes a grow or shrink request from "policy: <why>",
-taken by the launcher's next poll like an admin's: validated against what the job holds then, carried out,
-recorded under the trigger `policy` with the reason as the migration's note (launcher.loop.requests), and in
-the audit log. Nothing is asked while any request is pending (an admin's, or the policy's own last one). What
+--policy-watch seconds (WATCH_S by default) the backend reads the job's partition (its idle nodes, the jobs
+pending there, the other elastic jobs) and launcher.policy.opportunistic decides. A decision becomes a grow or
+shrink request from "policy: <why>", taken by the launcher's next poll like an admin's: validated against what
+the job holds then, carried out, recorded under the trigger `policy` with the reason as the migration's note
+(launcher.loop.requests), and in the audit log. Nothing is asked while any request is pending (an admin's, or the policy's own last one). What
 each look saw and decided is written to the job's record (the dashboard's /cluster shows it), and the job's
 policy is told to Slurm, where the other elastic jobs' policies read it (launcher.policy.peers).
 """
@@ -42,8 +42,8 @@ class PolicyLoop:
                                    self.clock, me=self.me)
 
     def tick(self, held: int) -> None:
-        """One look, at most every --policy-watch seconds. A failure here is said and the job goes on: the policy is not
-        worth the job."""
+        """One look, at most every --policy-watch seconds. A failure here is said and the job goes on: the policy
+        is not worth the job."""
         now = self.clock()
         if now - self.watched < self.opts.policy_watch or self.recorder.job_id is None:
             return

@@ -108,7 +108,9 @@ class OpportunisticPolicy:
 
 
 def _sharing(peers: list[Peer], mine: int) -> str:
-    return f" ({len(peers) - 1} other elastic job(s) in the partition; this one's share: {mine})" if len(peers) > 1 else ""
+    if len(peers) < 2:
+        return ""
+    return f" ({len(peers) - 1} other elastic job(s) in the partition; this one's share: {mine})"
 
 
 def pending_view(idle: Sequence[str], jobs: Sequence, own: Sequence[int] = ()) -> ClusterView:

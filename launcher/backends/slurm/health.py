@@ -32,9 +32,9 @@ def find_draining(slurm, nodes: Sequence[str]) -> dict[str, str]:
 
 
 def partition_view(slurm, partition: str, own: set[int]):
-    """What launcher.policy.opportunistic reads: the idle nodes of `partition` (all partitions when empty), the
-    jobs pending there, in squeue's order, but the elastic job's own (`own`: itself, its companions), and the
-    opportunistic elastic jobs running there (their Slurm comments: launcher.policy.peers)."""
+    """What launcher.policy.opportunistic reads: the free idle nodes of `partition` (all partitions when empty;
+    NOT_FREE flags keep a node out), the jobs pending there but the elastic job's own (`own`: itself, its
+    companions), and the opportunistic elastic jobs running there (their Slurm comments: launcher.policy.peers)."""
     from launcher.policy.opportunistic import pending_view
 
     try:

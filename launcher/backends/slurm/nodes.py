@@ -358,12 +358,16 @@ class SlurmNodes:
 
     def close(self, report: Reporter) -> None:
         """The launcher ends the job: its successor (nothing to take over) and its companions go."""
-        successor = [self.successor.id] if self.successor is not None and self.successor.id is not None else []
-        for cid in successor + self.companion_jobs():
+        if self.successor is not None:
+            try:
+                self.successor.cancel()
+            except Exception as exc:  # noqa: BLE001 -- leaving anyway; it finds the job ended and leaves
+                report.log(f"cancelling successor job {self.successor.id} failed: {exc}")
+        for cid in self.companion_jobs():
             try:
                 self.cancel_companion(cid)
-            except Exception as exc:  # noqa: BLE001 -- leaving anyway; a companion's script ends with the job
-                report.log(f"cancelling Slurm job {cid} failed: {exc}")
+            except Exception as exc:  # noqa: BLE001 -- leaving anyway; the companion's script ends with the job
+                report.log(f"cancelling companion job {cid} failed: {exc}")
 
     def adopt_companion(self, job_id: int, nodes: Sequence[str], batch_host: str | None) -> None:
         """The companion job runs on `nodes`: its steps run the workers there now, shaped as it was asked."""
