@@ -21,6 +21,8 @@ from launcher.controlbench.counting import CountingStore
 from launcher.runtime.events import EventBoundary
 from launcher.runtime.vote import HEARTBEAT_S, StepVote
 from launcher.wire.control import Control
+from launcher.wire.env import ENV_STORE_SECRET
+from launcher.wire.guarded_store import new_secret
 
 HOST = "127.0.0.1"
 WORLD = "w0"
@@ -38,11 +40,8 @@ class _NoLinks:
         pass
 
 
-def _server(out, stop) -> None:
-    # torch's store server looks every accepted connection's address up in DNS, on its one thread: where the
-    # DNS server drops a query (this machine's does about 1 in 50) the whole store waits the resolver's 5 s
-    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
-    ctl = Control(HOST, 0, server=True, timeout_s=600)
+def _server(out, stop, secret: str) -> None:
+    ctl = Control(HOST, 0, server=True, timeout_s=600, secret=secret)
     out.put((os.getpid(), ctl.port))
     stop.wait()
 
@@ -148,7 +147,8 @@ def measure(n: int, seconds: float = 10.0, processes: int = 8, poll_s: float = 0
     ctx = mp.get_context("spawn")
     q, stop, fail, go = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event()
     step = ctx.Value("l", 0, lock=False)
-    server = ctx.Process(target=_server, args=(q, stop), daemon=True)
+    os.environ[ENV_STORE_SECRET] = secret = new_secret()  # the simulated ranks, spawned below, inherit it
+    server = ctx.Process(target=_server, args=(q, stop, secret), daemon=True)
     server.start()
     server_pid, port = q.get(timeout=60)
     others = list(range(1, n))

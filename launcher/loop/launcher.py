@@ -94,9 +94,11 @@ class Launcher:
     # -- start ----------------------------------------------------------------------------------------
     def start(self) -> None:
         """Host the control plane, start the workers on the first nodes, post the first layout."""
-        self.ctl = C.Control(self.opts.master_addr, self.opts.master_port, server=True)  # listening there only
+        self.ctl = C.Control(self.opts.master_addr, self.opts.master_port, server=True,  # listening there only,
+                             on_refused=self.log)  # answering only the processes started with the job's secret
         self.mode.ctl = self.ctl
-        self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port}; {self.backend.describe()}")
+        self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port} (the job's processes only); "
+                 f"{self.backend.describe()}")
         self.request = StartRequest.for_job(self.opts, self.db.url, self.ctl.port)
         largest = max((self.holdings.devices_on([n]) for n in self.alloc), default=self.gpn)
         self.ctl.set_shapes(live_plan.shapes(self.opts, self.holdings.tp_fit, largest))

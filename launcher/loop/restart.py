@@ -22,7 +22,8 @@ from pathlib import Path
 
 from launcher.loop.rank_errors import first_failure
 from launcher.wire.env import ENV_ERROR_DIR, ENV_RANK_BASE
-from launcher.wire.listen import serve_store
+from launcher.wire.guarded_store import GuardedStoreServer
+from launcher.wire.local_peer import same_user
 from launcher.loop.outcome import MigrationFailed, Outcome
 from migrate.layout import ParallelConfig
 from migrate.topology import RankMap
@@ -51,26 +52,30 @@ def worker_command(command) -> list[str]:
 
 
 class ScriptRendezvous:
-    """The script's own rendezvous: a TCPStore hosted here, a new one for each world (restart)."""
+    """The script's own rendezvous: a store hosted here, a new one for each world (restart). The script joins
+    it with `env://`, which sends no credential: the store refuses other users' processes on this host
+    (launcher.wire.local_peer), and listens only on the address the workers are given."""
 
-    def __init__(self, host: str) -> None:
-        self.host = host
-        self.store = None
+    def __init__(self, host: str, log=None) -> None:
+        self.host, self.log = host, log
+        self.store: GuardedStoreServer | None = None
         self.world_size = 0
         self.opened = 0.0
 
     def new_world(self, world_size: int) -> int:
-        """Drop the previous world's store and open a fresh one; returns its port."""
-        self.store = None  # the old server shuts down with its last reference
-        self.store = serve_store(self.host, 0, timeout_s=300)
+        """Close the previous world's store and open a fresh one; returns its port."""
+        self.close()
+        self.store = GuardedStoreServer(self.host, 0, None, on_refused=self.log, admit=same_user)
         self.world_size, self.opened = world_size, time.monotonic()
         return self.store.port
 
     def formed(self) -> bool:
         """True once the script's process group is up: gloo and NCCL publish one key per rank."""
-        return self.store is not None and self.store.num_keys() >= self.world_size
+        return self.store is not None and self.store.key_count() >= self.world_size
 
     def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
         self.store = None
 
 
@@ -89,7 +94,7 @@ class RestartMode:
         self.env_for = env_for  # the start request's environment (launcher.loop.start_request)
         self.error_root = Path(error_root)  # world-<restart count>/rank-<R>/error.json (launcher.loop.rank_errors)
         self.log = recorder.log
-        self.rdzv = ScriptRendezvous(ctl.host)
+        self.rdzv = ScriptRendezvous(ctl.host, self.log)
         self.current: RankMap | None = None
         self.count = 0  # TORCHELASTIC_RESTART_COUNT of the running world
         self.killed: list[str] = []  # nodes whose workers the last stop_world had to SIGKILL

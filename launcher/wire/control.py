@@ -1,4 +1,7 @@
-"""The control plane: a `torch.distributed.TCPStore` hosted by the launcher, and the keys on it.
+"""The control plane: a store hosted by the launcher, and the keys on it.
+
+The server speaks torch's TCPStore protocol and answers only the job's own processes: every key below is
+under the job's secret (launcher.wire.guarded_store), which a stranger's connection does not know.
 
 Everything the launcher and the workers say to each other goes through these keys:
 
@@ -59,8 +62,8 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 
-from launcher.wire.env import ENV_STORE
-from launcher.wire.listen import serve_store
+from launcher.wire.env import ENV_STORE, ENV_STORE_SECRET
+from launcher.wire.guarded_store import GuardedStoreServer, new_secret
 
 KEY_SHAPES = "shapes"
 POLL_MIN_S, POLL_MAX_S = 0.0005, 0.02  # how often a waiting voter looks for the decision: first, at most
@@ -73,13 +76,26 @@ class WorldAborted(RuntimeError):
 class Control:
     """One connection to the control-plane store (the launcher's is the server)."""
 
-    def __init__(self, host: str, port: int, *, server: bool = False, timeout_s: float = 300.0) -> None:
+    def __init__(self, host: str, port: int, *, server: bool = False, timeout_s: float = 300.0,
+                 secret: str | None = None, on_refused: Callable[[str], None] | None = None) -> None:
+        """`server`: host the store (launcher.wire.guarded_store) with `secret` (default: a new one), and put
+        the secret in this process's environment, where the workers it starts find it; `on_refused` hears
+        of every stranger's connection the server closed. A client's `secret` defaults to that variable."""
         import torch.distributed as dist  # here, not at module load: ~1.5 s that `elastic-launch --help` and
         # its usage errors, and every module that only needs this file's key names, need not pay
         self.host, self.port = host, port
-        self.store = serve_store(host, port, timeout_s) if server else \
-            dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
-        self.port = self.store.port
+        self.server = None
+        if server:
+            secret = secret or new_secret()
+            self.server = GuardedStoreServer(host, port, secret, on_refused)
+            self.port = self.server.port
+            os.environ[ENV_STORE_SECRET] = secret
+        secret = secret or os.environ.get(ENV_STORE_SECRET)
+        if not secret:
+            raise RuntimeError(f"${ENV_STORE_SECRET} is not set: the control plane answers only the job's own "
+                               "processes, which elastic-launch starts with it in their environment")
+        self.store = dist.PrefixStore(secret, dist.TCPStore(host, self.port, is_master=False, wait_for_workers=False,
+                                                            timeout=timedelta(seconds=timeout_s)))
         self.device: int | None = None  # this worker's device, known once it joins a world (runtime.worlds)
         self.marks: dict[str, float] = {}  # name -> wall time (time.time()) of what this worker did
         self._first_seen: set[str] = set()  # training worlds whose first commit this worker stamped

@@ -4,6 +4,8 @@ here, so the launcher's command line and a worker's first checks stay fast."""
 from __future__ import annotations
 
 ENV_STORE = "ELASTIC_STORE"  # host:port of the control plane
+ENV_STORE_SECRET = "ELASTIC_STORE_SECRET"  # what every key on it starts with (launcher.wire.guarded_store); never
+# on a command line (`ps` shows those to every user): workers inherit it from the launcher's environment
 ENV_DEVICE = "ELASTIC_DEVICE"  # this worker's device id (local backend)
 ENV_NODE_INDEX = "ELASTIC_NODE_INDEX"  # index of this worker's node in the job topology (Slurm steps)
 ENV_FIRST_DEVICE = "ELASTIC_FIRST_DEVICE"  # device id of the node's GPU 0 (Slurm steps; nodes may differ in size)

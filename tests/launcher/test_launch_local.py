@@ -109,3 +109,33 @@ def test_preempt_of_the_batch_node_is_refused_and_a_dead_worker_is_recorded(tmp_
     assert store.list_nodes(job.id)[1].state != "failed"
     assert any("device 3 on node1 failed" in a.result for a in store.audit_log(target=f"job:{job.id}"))
     assert rc == 1 and job.state == "failed"
+
+
+def test_a_stranger_on_the_control_plane_neither_stops_nor_steers_a_running_job(tmp_path, capsys):
+    """Issue 46: a plain TCPStore client that wrote `abort/w0` froze a job. Now its writes end its connection
+    and training goes on; the launcher says who was refused."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    tried = []
+
+    def stranger(la, url):
+        step = la.max_step()
+        writes = [("abort/w0", "1"), ("abort/w1", "1"), (f"c/w0/{step + 1}", "no"), ("ev/1", '{"kind": "stop"}')]
+        for key, value in writes:  # each on a fresh connection: the server ends one at its first request
+            client = dist.TCPStore("127.0.0.1", la.ctl.port, is_master=False, wait_for_workers=False,
+                                   timeout=timedelta(seconds=2))
+            client.set(key, value)
+            tried.append(key)
+        with pytest.raises(dist.DistNetworkError):
+            dist.TCPStore("127.0.0.1", la.ctl.port, is_master=False, wait_for_workers=False,
+                          timeout=timedelta(seconds=2)).get("model")
+        assert not any(la.ctl.has(key) for key in tried)
+
+    rc, la, store, url = run_job(tmp_path, [(3, stranger), (10, lambda la, url: None)])
+    assert len(tried) == 4 and rc == 0, [o.message for o in la.outcomes]
+    job = store.find_job("t")
+    assert job.state == "finished" and not store.recent_migrations(job.id, limit=5)
+    assert la.ctl.server.refusals.count == 5
+    assert "control plane: refused a connection from 127.0.0.1:" in capsys.readouterr().err

@@ -17,7 +17,7 @@ def _members(rank: int, port: int, queue) -> None:
     from launcher.runtime.worlds import Worlds
     from launcher.wire.control import Control
 
-    worlds = Worlds(Control("127.0.0.1", port, server=rank == 0))
+    worlds = Worlds(Control("127.0.0.1", port, server=rank == 0, secret="test-worlds"))
     out = {}
 
     def summed() -> float:
@@ -66,7 +66,7 @@ def _retired(rank: int, port: int, queue) -> None:
     from launcher.runtime.worlds import Worlds
     from launcher.wire.control import Control
 
-    worlds = Worlds(Control("127.0.0.1", port, server=rank == 0))
+    worlds = Worlds(Control("127.0.0.1", port, server=rank == 0, secret="test-worlds"))
     out = {}
     worlds.join("a", [0, 1], rank, 30, abort_key="abort/a")
     first = _get_default_group()
