@@ -50,9 +50,14 @@ class ClusterMixin:
     # ---------------------------------------------------------------- steps
     def record_step(self, job_id: int, step: int, loss: float | None, layout: str) -> None:
         """A committed step (the worker that computes the loss reports it once per step)."""
+        self.record_steps(job_id, [(step, loss, layout)])
+
+    def record_steps(self, job_id: int, reports) -> None:
+        """Committed steps, (step, loss, layout) each, in one transaction."""
         with self._tx() as s:
-            s.add(JobStepRow(job_id=job_id, step=int(step), loss=None if loss is None else float(loss),
-                             layout=layout, at=self.now()))
+            at = self.now()
+            s.add_all([JobStepRow(job_id=job_id, step=int(step), loss=None if loss is None else float(loss),
+                                  layout=layout, at=at) for step, loss, layout in reports])
 
     def steps(self, job_id: int, limit: int = 5000) -> list[StepRecord]:
         """The job's latest `limit` reported steps, oldest first."""

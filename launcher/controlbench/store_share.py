@@ -128,11 +128,11 @@ def _launcher_poll(port: int, n: int, poll_s: float, stop: threading.Event, coun
     ctl = Control(HOST, port, timeout_s=600)
     ctl.store = CountingStore(ctl.store)
     devices = list(range(n))
-    polls = 0
+    polls, seen = 0, 0
     while not stop.wait(poll_s):
         ctl.steps(devices)
         ctl.suspect_count(WORLD)
-        ctl.loss()
+        _, seen = ctl.take_losses(seen)
         polls += 1
     counts.update(ops=ctl.store.ops, polls=polls)
 

@@ -59,7 +59,7 @@ class Launcher:
         self.deciding = False  # auto mode: restart mode until the workers join through launcher.runtime
         self.signalled = self.stopped = False
         self.last_step = 0  # the last finished step recorded in the database
-        self.loss_step = 0  # the last step whose loss is in the database
+        self.losses_seen = 0  # lines of the control plane's `losses` already in the database
 
     def _live_mode(self) -> LiveMode:
         mode = LiveMode(self.opts, self.ctl, self.holdings, self.workers, self.recorder, self.start_nodes)
@@ -307,11 +307,10 @@ class Launcher:
         return True
 
     def record_loss(self) -> None:
-        """Copy the latest step the workers reported (loss, layout) into the database, once per step."""
-        rep = self.ctl.loss()
-        if rep and rep["step"] != self.loss_step:  # a restore from a checkpoint goes back
-            self.loss_step = rep["step"]
-            self.db.record_step(self.job_id, rep["step"], rep["loss"], rep["layout"])
+        """Copy every loss the workers reported since the last poll (step, loss, layout) into the database."""
+        new, self.losses_seen = self.ctl.take_losses(self.losses_seen)
+        if new:
+            self.db.record_steps(self.job_id, new)
 
     def run(self, until: Callable[["Launcher"], bool] | None = None) -> int:
         """Start, then loop until the workers finish, a stop, or `until(self)` says so."""
@@ -324,6 +323,8 @@ class Launcher:
                     self.stop()
                     break
                 time.sleep(self.opts.poll)
+            if isinstance(self.mode, LiveMode):
+                self.record_loss()  # the steps since the last poll
             return 0 if self.recorder.job_state_is("finished", "suspended") else 1
         except KeyboardInterrupt:  # SIGINT or SIGTERM: the job ends as stopped, not stuck in running
             self.log("interrupted: stopping the workers")

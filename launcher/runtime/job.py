@@ -136,9 +136,9 @@ class Job:
             self._abandon(exc)
 
     def report_loss(self, loss) -> None:
-        """This step's loss for the job's timeline (`elastic history`, the dashboard): the launcher copies
-        the latest report into the database. Call it on one rank, after the step (e.g. layout.rank == 0)."""
-        self.ctl.set_loss(self.step, float(loss), self.layout.name)
+        """This step's loss for the job's timeline (`elastic history`, the dashboard): the launcher records
+        every report. Call it on one rank, after the step (e.g. layout.rank == 0)."""
+        self.ctl.report_loss(self.step, float(loss), self.layout.name)
 
     def reduce_gradients(self) -> None:
         """Average the gradients over the DP replicas (call after backward, before optimizer.step)."""

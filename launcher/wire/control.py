@@ -18,6 +18,8 @@ Everything the launcher and the workers say to each other goes through these key
   ev/<e>/res/<dev>       what a participant of event e reports back (JSON)
   suspect/<world>/<dev>  a worker's collective failed with no abort mark (its error); suspects/<world> counts them
   probe/<world>          the launcher's answer: the seconds its check of the nodes may take, or "clear"
+  losses                 committed steps' losses (JSON lines [step, loss, layout]) appended by the rank that reports
+                         them, cleared by the launcher once it has recorded them
 
 Events are numbered 0, 1, 2 ... and every worker handles every event in order, so a worker
 started later (on a node the job grows onto) catches up by reading the events it missed.
@@ -179,12 +181,22 @@ class Control:
     def set_step(self, device: int, step: int) -> None:
         self.store.set(f"step/{device}", str(step))
 
-    def set_loss(self, step: int, loss: float, layout: str) -> None:
-        """The latest committed step's loss (the launcher copies it to the database for the timeline)."""
-        self.set_json("loss", {"step": step, "loss": loss, "layout": layout})
+    def report_loss(self, step: int, loss: float, layout: str) -> None:
+        """A committed step's loss, appended to `losses` (one JSON line each, no answer awaited): the launcher
+        takes every one, not only the latest it happens to poll."""
+        self.store.append("losses", json.dumps([step, loss, layout]) + "\n")
 
-    def loss(self) -> dict | None:
-        return self.get_json("loss") if self.has("loss") else None
+    def take_losses(self, seen: int) -> tuple[list[tuple[int, float, str]], int]:
+        """The reports after the first `seen` lines of `losses`, and the `seen` for next time: 0 where the lines
+        read were cleared (compare-and-set: no report came in between), else their number."""
+        if not self.has("losses"):
+            return [], 0
+        raw = self.store.get("losses")
+        lines = raw.decode().splitlines()
+        new = [(int(step), float(loss), str(layout)) for step, loss, layout in map(json.loads, lines[seen:])]
+        if raw and self.store.compare_set("losses", raw.decode(), "") == b"":
+            return new, 0
+        return new, len(lines)
 
     def steps(self, devices: Iterable[int]) -> dict[int, int]:
         return {d: int(v.decode()) for d, v in self._values("step/", devices).items()}

@@ -138,3 +138,31 @@ def test_an_address_that_is_not_this_hosts_is_refused_with_what_to_do():
 
     with pytest.raises(RuntimeError, match="cannot listen on 192.0.2.1:0 .*--master-addr"):
         Control("192.0.2.1", 0, server=True)
+
+
+def test_every_reported_loss_is_taken_once_while_reports_keep_coming():
+    """The launcher takes what rank 0 appended and clears it with a compare-and-set; a report that lands in
+    between is neither lost nor taken twice (before, the launcher copied only the latest report per poll)."""
+    import threading
+
+    server = Control("127.0.0.1", 0, server=True)
+    rank0 = Control("127.0.0.1", server.port)
+    reports = [(s, 1.0 / s, "pp1tp2dp2") for s in range(1, 2001)]
+
+    def report() -> None:
+        for step, loss, layout in reports:
+            rank0.report_loss(step, loss, layout)
+        rank0.set_json("done", True)
+
+    writer = threading.Thread(target=report)
+    writer.start()
+    taken, seen, polls = [], 0, 0
+    while True:
+        done = server.has("done")
+        new, seen = server.take_losses(seen)
+        taken += new
+        polls += 1
+        if done and not new:
+            break
+    writer.join()
+    assert taken == reports and polls > 2
