@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from launcher import runtime  # elastic
 
 TOKENS, DIM, HIDDEN = 8, 16, 32
+TP_PLAN = {"block.channel_up": ColwiseParallel(), "block.channel_down": RowwiseParallel()}
 
 
 class MixerBlock(nn.Module):
@@ -92,10 +93,16 @@ def main() -> None:
     p.add_argument("--sleep-while", type=Path, default=None,
                    help="sleep after a step only while this file exists (a test removes it once it has resized "
                         "the job, and the last steps run at full speed)")
+    p.add_argument("--plain", action="store_true",
+                   help="train without the runtime, as a torchrun script (tp 2, dp the rest; run it with "
+                        "elastic-launch --mode restart): what `elastic bench-control --steady` times live mode against")
     args = p.parse_args()
+    if args.plain:
+        plain_main(args)
+        return
     data = DataPosition()
     job = runtime.join(model=lambda layout: Mixer(),  # elastic
-                       tp_plan={"block.channel_up": ColwiseParallel(), "block.channel_down": RowwiseParallel()},
+                       tp_plan=TP_PLAN,
                        optimizer=lambda params: torch.optim.Adam(params, lr=1e-2),
                        state={"data": data})
     while job.next_step(until=args.steps):  # elastic: migrations happen here, between steps
@@ -129,6 +136,55 @@ def train_step(job, data: DataPosition, args) -> None:
     if lay.rank == 0 and args.log:
         with open(args.log, "a") as f:
             f.write(f"{job.step} {loss.item():.6f} {lay.name} {data.samples}\n")
+
+
+def plain_main(args) -> None:
+    """The same training with no runtime in the loop: torch.distributed alone, a (dp, tp) device mesh in the
+    runtime's rank order (tp fastest), the same TP plan, batches, optimizer and DP gradient mean, on one
+    thread (OMP_NUM_THREADS=1 from the launcher, as the runtime's workers). With
+    $ELASTIC_RUNTIME_STATS set, every rank writes its steps' wall times there, as a live worker does."""
+    import json
+    import os
+    import time
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from launcher.runtime.threads import GlooThreads
+
+    dist.init_process_group("gloo")
+    rank, dp = dist.get_rank(), dist.get_world_size() // 2
+    mesh = init_device_mesh("cpu", (dp, 2), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(Mixer(), mesh["tp"], TP_PLAN)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    dp_rank, dp_group = mesh.get_local_rank("dp"), mesh["dp"].get_group()
+    # gloo's I/O threads at a low priority, as the runtime keeps them (a CPU-only tuning, not the runtime's
+    # loop: without it this CPU-oversubscribed box gives these threads a third of its cores)
+    GlooThreads().lower()
+    wall, last = [], time.perf_counter()
+    for step in range(1, args.steps + 1):
+        x, y = batch(step, args.global_batch, dp_rank, dp)
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        for prm in model.parameters():
+            grad = prm.grad.to_local() if isinstance(prm.grad, DTensor) else prm.grad
+            dist.all_reduce(grad, group=dp_group)
+            grad.div_(dp)
+        optimizer.step()
+        now = time.perf_counter()
+        wall.append(now - last)
+        last = now
+        if rank == 0 and args.log:
+            with open(args.log, "a") as f:
+                f.write(f"{step} {loss.item():.6f} plain-tp2dp{dp} {step * args.global_batch}\n")
+    if folder := os.environ.get("ELASTIC_RUNTIME_STATS"):
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"dev{rank}.json"), "w") as f:
+            json.dump({"device": rank, "wall_s": wall[1:], "boundary_s": [0.0] * len(wall[1:]),
+                       "vote_s": [0.0] * len(wall[1:])}, f)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--processes", type=int, default=8, help="processes the simulated ranks are threads of (default 8)")
     p.add_argument("--steady", type=int, default=0, metavar="STEPS",
                    help="also run the reference GPT and examples/mixer_live.py this many steps on 2 nodes x 2 "
-                        "devices (local backend) and report the share of each step the runtime takes (default: not)")
+                        "devices (local backend), report the share of each step the runtime takes, and time "
+                        "mixer_live's step against the same step with no runtime (--plain, restart mode) "
+                        "(default: not)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
 
@@ -65,5 +67,6 @@ def run(args: argparse.Namespace) -> int:
         say("bench-control: live mode's steady-state cost on real steps")
         with tempfile.TemporaryDirectory(prefix="elastic-steady-") as tmp:
             out["steady"] = steady.measure(Path(tmp), args.steady, say)
+        out["live_over_plain"] = steady.live_over_plain(out["steady"])
     print(json.dumps(out, indent=1) if args.json else describe(out))
     return 0

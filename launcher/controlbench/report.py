@@ -77,4 +77,7 @@ def describe(out: dict) -> str:
             lines.append(f"  steady state, {run['job']}: a step {run['step_ms']:.1f} ms; the runtime's share "
                          f"{100 * run['runtime_share']:.2f} % (boundary {run['boundary_ms']:.2f} ms, vote "
                          f"{run['vote_ms']:.2f} ms, medians; {run['workers']} workers, {run['steps']} steps)")
+    if out.get("live_over_plain") is not None:
+        lines.append(f"  steady state, mixer_live's step in live mode vs the same step with no runtime (restart "
+                     f"mode): {100 * out['live_over_plain']:+.1f} %")
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """Live mode's steady-state cost on real steps: the share of each step the runtime itself takes.
 
-Two jobs under `elastic-launch --backend local` on 2 nodes x 2 devices, no resize: the reference GPT
-(`python -m launcher.worker`, pp2dp2) and examples/mixer_live.py (a user's script: TP x DP, AdamW). Each
+Jobs under `elastic-launch --backend local` on 2 nodes x 2 devices, no resize: the reference GPT
+(`python -m launcher.worker`, pp2dp2), examples/mixer_live.py (a user's script: TP x DP, Adam), and the
+same script's --plain training (torch.distributed alone, no runtime) in restart mode, whose step time is
+the one live mode is compared with. Each
 worker keeps, for the steps no event applied in, every step's wall time and its time in `job.next_step()`
 and in the commit vote (launcher.runtime.overhead, $ELASTIC_RUNTIME_STATS); a script in restart mode spends
 none of it, so that share is what live mode costs a step over restart mode.
@@ -28,7 +30,21 @@ def _jobs(steps: int) -> dict[str, tuple[list[str], list[str]]]:
     if (EXAMPLES / "mixer_live.py").exists():  # a checkout: the examples are not installed with the package
         jobs["examples/mixer_live.py, tp2dp2"] = (["--layouts", "tp2dp2"], [str(EXAMPLES / "mixer_live.py"),
                                                                              "--steps", str(steps)])
+        # the same training with no runtime in the loop (torch.distributed alone), in restart mode
+        jobs[PLAIN] = (["--mode", "restart"], [str(EXAMPLES / "mixer_live.py"), "--plain", "--steps", str(steps)])
     return jobs
+
+
+PLAIN = "examples/mixer_live.py --plain, tp2dp2, restart mode"
+
+
+def live_over_plain(runs: list[dict]) -> float | None:
+    """How much longer mixer_live's median step is in live mode than the same step with no runtime (a share)."""
+    by = {r["job"]: r for r in runs if not r.get("error")}
+    live, plain = by.get("examples/mixer_live.py, tp2dp2"), by.get(PLAIN)
+    if not live or not plain or not plain["step_ms"]:
+        return None
+    return live["step_ms"] / plain["step_ms"] - 1
 
 
 def runtime_share(workers: list[dict]) -> dict:

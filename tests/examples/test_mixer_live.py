@@ -32,3 +32,18 @@ def test_mixer_tp_dp_migrates_live_bit_exact_on_shrink_and_grow(tmp_path: Path) 
     assert [(m.kind, m.status, m.from_layout, m.to_layout) for m in migs] == [
         ("live", "succeeded", "pp1tp2dp2", "pp1tp2dp1"), ("live", "succeeded", "pp1tp2dp1", "pp1tp2dp2")]
     assert migs[1].bytes_moved > 0  # the grow fills the new node; the shrink kept node0 whole (local copies)
+
+
+def test_the_plain_training_that_live_mode_is_timed_against_is_the_same_training(tmp_path: Path) -> None:
+    """`elastic bench-control --steady` compares mixer_live's live step with its --plain one (torch.distributed
+    alone, restart mode): that is only a comparison if both compute the same thing, step for step."""
+    from tests.examples.harness import mixer_rows, run_local
+
+    for name, launch, extra in (("live", ["--layouts", "tp2dp2"], []), ("plain", ["--mode", "restart"], ["--plain"])):
+        (tmp_path / name).mkdir()
+        run_local(tmp_path / name, ["--gpus-per-node", "2", "--nnodes", "2", "--job-name", name, *launch],
+                  ["mixer_live.py", "--steps", "12", "--log", str(tmp_path / name / "steps.log"), *extra],
+                  lambda alive: None)
+    live, plain = mixer_rows(tmp_path / "live" / "steps.log"), mixer_rows(tmp_path / "plain" / "steps.log")
+    assert [(s, n, loss) for s, _lay, n, loss in live] == [(s, n, loss) for s, _lay, n, loss in plain]
+    assert len(live) == 12 and {r[1] for r in plain} == {"plain-tp2dp2"}

@@ -65,3 +65,12 @@ def test_the_command_prints_its_figures_as_json():
 def test_bad_input_is_refused_before_anything_starts(args, says):
     run = elastic("bench-control", *args)
     assert run.returncode == 2 and says in run.stderr
+
+
+def test_live_mode_s_step_is_compared_with_the_same_step_with_no_runtime():
+    from launcher.controlbench.steady import PLAIN, live_over_plain
+
+    runs = [{"job": "examples/mixer_live.py, tp2dp2", "step_ms": 25.0, "error": None},
+            {"job": PLAIN, "step_ms": 20.0, "error": None}]
+    assert live_over_plain(runs) == pytest.approx(0.25)
+    assert live_over_plain(runs[:1]) is None and live_over_plain([runs[0], {**runs[1], "error": "exited 1"}]) is None
