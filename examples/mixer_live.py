@@ -4,7 +4,9 @@ moved between the running workers when elastic-launch resizes the job (no step l
     elastic-launch --backend local --nnodes 1:2 --gpus-per-node 2 --layouts tp2dp2,tp2dp1 -- \\
         python examples/mixer_live.py --steps 40 --log /tmp/mixer.log
 
-Everything elastic is in the lines marked `# elastic`; the rest is an ordinary training loop.
+Everything elastic is in the lines marked `# elastic`; the rest is an ordinary training loop. `--plain` runs
+the same training written with torch.distributed alone (`plain_main`, for `elastic-launch --mode restart` or
+torchrun): the difference between the two is what live mode asks of a script.
 """
 from __future__ import annotations
 
