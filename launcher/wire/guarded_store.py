@@ -14,8 +14,8 @@ Restart mode's rendezvous runs the same server without a secret, for the user's 
 none): there `admit` decides per connection (launcher.wire.local_peer) and the key count and list are served.
 
 The server is Python (asyncio, one thread): what the store carries per step no longer grows with the job
-(launcher.runtime.vote), so it answers a few thousand requests a second (`elastic bench-control` measures
-it). Semantics are torch's libuv server's, request for request; the queue requests are not served (the
+(launcher.runtime.vote), so a few thousand requests a second are enough (`elastic bench-control` measures
+it at 4,096 ranks). Semantics are torch's libuv server's, request for request; the queue requests are not served (the
 control plane and torch's process groups do not use them).
 """
 from __future__ import annotations
