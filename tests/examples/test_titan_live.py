@@ -15,7 +15,7 @@ import torch
 from tests.examples.harness import mixer_rows, run_local, shrink_and_grow
 from tests.paths import ROOT
 
-STEPS = 40
+STEPS = 30
 
 
 def _lr_rows(path: Path) -> dict[int, tuple[float, float]]:

@@ -144,6 +144,7 @@ def test_every_reported_loss_is_taken_once_while_reports_keep_coming():
     """The launcher takes what rank 0 appended and clears it with a compare-and-set; a report that lands in
     between is neither lost nor taken twice (before, the launcher copied only the latest report per poll)."""
     import threading
+    import time
 
     server = Control("127.0.0.1", 0, server=True)
     rank0 = Control("127.0.0.1", server.port)
@@ -152,17 +153,42 @@ def test_every_reported_loss_is_taken_once_while_reports_keep_coming():
     def report() -> None:
         for step, loss, layout in reports:
             rank0.report_loss(step, loss, layout)
+            if step % 100 == 0:
+                time.sleep(0.005)  # the taker's polls fall between reports
         rank0.set_json("done", True)
 
     writer = threading.Thread(target=report)
     writer.start()
-    taken, seen, polls = [], 0, 0
+    taken, seen = [], 0
     while True:
         done = server.has("done")
         new, seen = server.take_losses(seen)
         taken += new
-        polls += 1
         if done and not new:
             break
     writer.join()
-    assert taken == reports and polls > 2
+    assert taken == reports
+
+
+def test_a_report_that_lands_between_the_read_and_the_clear_is_taken_at_the_next_poll():
+    server = Control("127.0.0.1", 0, server=True)
+    rank0 = Control("127.0.0.1", server.port)
+    rank0.report_loss(1, 0.5, "pp1")
+    rank0.report_loss(2, 0.4, "pp1")
+    store = server.store
+
+    class LateReport:  # rank 0 reports step 3 just before the launcher's compare-and-set
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        def compare_set(self, key, expected, desired):
+            rank0.report_loss(3, 0.3, "pp1")
+            rank0.has("losses")  # a round trip on rank 0's connection: its append has landed
+            return store.compare_set(key, expected, desired)
+
+    server.store = LateReport()
+    new, seen = server.take_losses(0)
+    assert new == [(1, 0.5, "pp1"), (2, 0.4, "pp1")] and seen == 2  # not cleared: step 3 came in between
+    server.store = store
+    assert server.take_losses(seen) == ([(3, 0.3, "pp1")], 0)  # cleared now
+    assert server.take_losses(0) == ([], 0)
