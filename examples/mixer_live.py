@@ -145,14 +145,13 @@ def plain_main(args) -> None:
     runtime's rank order (tp fastest), the same TP plan, batches, optimizer and DP gradient mean, on one
     thread (OMP_NUM_THREADS=1 from the launcher, as the runtime's workers). With
     $ELASTIC_RUNTIME_STATS set, every rank writes its steps' wall times there, as a live worker does."""
-    import json
-    import os
     import time
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
+    from launcher.runtime.overhead import StepCost
     from launcher.runtime.threads import GlooThreads
 
     dist.init_process_group("gloo")
@@ -164,7 +163,7 @@ def plain_main(args) -> None:
     # gloo's I/O threads at a low priority, as the runtime keeps them (a CPU-only tuning, not the runtime's
     # loop: without it this CPU-oversubscribed box gives these threads a third of its cores)
     GlooThreads().lower()
-    wall, last = [], time.perf_counter()
+    cost = StepCost()  # each step's wall time, from the second on (no boundary, no vote: both 0)
     for step in range(1, args.steps + 1):
         x, y = batch(step, args.global_batch, dp_rank, dp)
         loss = nn.functional.mse_loss(model(x), y)
@@ -176,16 +175,11 @@ def plain_main(args) -> None:
             grad.div_(dp)
         optimizer.step()
         now = time.perf_counter()
-        wall.append(now - last)
-        last = now
+        cost.boundary(now, now, steady=True)
         if rank == 0 and args.log:
             with open(args.log, "a") as f:
                 f.write(f"{step} {loss.item():.6f} plain-tp2dp{dp} {step * args.global_batch}\n")
-    if folder := os.environ.get("ELASTIC_RUNTIME_STATS"):
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"dev{rank}.json"), "w") as f:
-            json.dump({"device": rank, "wall_s": wall[1:], "boundary_s": [0.0] * len(wall[1:]),
-                       "vote_s": [0.0] * len(wall[1:])}, f)
+    cost.write(rank)
     dist.destroy_process_group()
 
 

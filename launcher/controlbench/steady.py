@@ -20,6 +20,7 @@ from pathlib import Path
 from launcher.runtime.overhead import ENV_RUNTIME_STATS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+PLAIN = "examples/mixer_live.py --plain, tp2dp2, restart mode"  # the same training with no runtime
 
 
 def _jobs(steps: int) -> dict[str, tuple[list[str], list[str]]]:
@@ -33,9 +34,6 @@ def _jobs(steps: int) -> dict[str, tuple[list[str], list[str]]]:
         # the same training with no runtime in the loop (torch.distributed alone), in restart mode
         jobs[PLAIN] = (["--mode", "restart"], [str(EXAMPLES / "mixer_live.py"), "--plain", "--steps", str(steps)])
     return jobs
-
-
-PLAIN = "examples/mixer_live.py --plain, tp2dp2, restart mode"
 
 
 def live_over_plain(runs: list[dict]) -> float | None:

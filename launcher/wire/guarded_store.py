@@ -276,8 +276,8 @@ class GuardedStoreServer:
         self.port = listener.getsockname()[1]
         loop = asyncio.new_event_loop()
         prefix = None if secret is None else f"/{secret}/".encode()  # a TCPStore client puts "/" first
-        self._keys, refusals = _Keys(), self.refusals
-        keys = self._keys
+        keys = self._keys = _Keys()
+        refusals = self.refusals
         started = threading.Event()
 
         def run() -> None:

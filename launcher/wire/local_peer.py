@@ -14,33 +14,26 @@ import struct
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 
 
-def _address(hex_addr: str) -> str:
-    """An address as /proc/net/tcp{,6} writes it (32-bit words in host byte order) -> its text form,
-    IPv4-mapped IPv6 addresses as IPv4."""
-    raw = bytes.fromhex(hex_addr)
-    words = b"".join(struct.pack("=I", struct.unpack(">I", raw[i:i + 4])[0]) for i in range(0, len(raw), 4))
-    addr = ipaddress.ip_address(words)
+def _plain(addr) -> str:
+    """An address in one text form: IPv4-mapped IPv6 addresses (a dual-stack socket's view of IPv4) as IPv4."""
+    addr = ipaddress.ip_address(addr)
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
     return str(addr)
 
 
 def _endpoint(field: str) -> tuple[str, int]:
+    """An address:port as /proc/net/tcp{,6} writes it (hex, 32-bit words in host byte order)."""
     hex_addr, hex_port = field.split(":")
-    return _address(hex_addr), int(hex_port, 16)
-
-
-def _plain(host: str) -> str:
-    addr = ipaddress.ip_address(host.split("%")[0])
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    return str(addr)
+    raw = bytes.fromhex(hex_addr)
+    words = b"".join(struct.pack("=I", struct.unpack(">I", raw[i:i + 4])[0]) for i in range(0, len(raw), 4))
+    return _plain(words), int(hex_port, 16)
 
 
 def owner(peer: tuple, server: tuple, tables=_TABLES) -> int | None:
     """The user id of the socket at `peer` connected to `server` (both (host, port, ...)), or None when no
     socket of this host is that end (the connection comes from another machine)."""
-    want = ((_plain(peer[0]), peer[1]), (_plain(server[0]), server[1]))
+    want = ((_plain(peer[0].split("%")[0]), peer[1]), (_plain(server[0].split("%")[0]), server[1]))
     for table in tables:
         try:
             lines = open(table).read().splitlines()[1:]
