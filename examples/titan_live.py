@@ -1,14 +1,16 @@
 """A torchtitan-shaped training script in LIVE mode: a small Llama-style decoder (token embedding, transformer
 blocks of RMSNorm, causal attention and a SwiGLU feed-forward, output head) with torchtitan's tensor-parallel
-plan, data parallel, AdamW with weight-decay groups, a warm-up + cosine learning-rate schedule and gradient
-clipping. elastic-launch shrinks and grows it between steps; the schedule, the optimizer's settings and the
-data position go on as if nothing happened.
+plan, FSDP2 or plain data parallel, AdamW with weight-decay groups, a warm-up + cosine learning-rate schedule
+and gradient clipping. elastic-launch shrinks and grows it between steps; the schedule, the optimizer's
+settings and the data position go on as if nothing happened.
 
-    elastic-launch --backend local --nnodes 1:2 --gpus-per-node 2 --layouts tp2dp2,tp2dp1 -- \\
+    elastic-launch --backend local --nnodes 1:2 --gpus-per-node 2 --layouts tp2fsdp2,tp2dp1 -- \\
         python examples/titan_live.py --steps 60 --log /tmp/titan.log
 
-Everything elastic is in the lines marked `# elastic`; the rest is an ordinary training loop. Not here yet:
-FSDP2 (`fully_shard`) layouts: live mode replicates parameters and optimizer state over DP (issue 45).
+`tp2fsdp2` is torchtitan's FSDP2 x TP: the runtime applies the TP plan, then `fully_shard` over the fsdp
+dimension, so each of the 4 ranks holds a quarter of every parameter and of its AdamW moments; `tp2dp2`
+would replicate them over DP instead, `tp2hsdp2x2` (8 ranks) shard over 2 and replicate twice.
+Everything elastic is in the lines marked `# elastic`; the rest is an ordinary training loop.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.nn import functional as F
 from torch.optim.lr_scheduler import LambdaLR
@@ -120,7 +123,7 @@ class DataPosition:
 
 
 def batch(step: int, global_batch: int, dp_rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This DP rank's share of step `step`'s global batch: sequences that follow t -> 5t + 3 (mod VOCAB) from
+    """This data rank's share (of `dp`: DP replicas times FSDP shards) of step `step`'s global batch: sequences that follow t -> 5t + 3 (mod VOCAB) from
     a random start (something to learn), the same global batch on every layout."""
     g = torch.Generator().manual_seed(step)
     seq = [torch.randint(0, VOCAB, (global_batch,), generator=g)]
@@ -131,12 +134,33 @@ def batch(step: int, global_batch: int, dp_rank: int, dp: int) -> tuple[torch.Te
     return mine[:, :-1], mine[:, 1:]
 
 
+def full_state(job) -> dict[str, torch.Tensor]:
+    """Every tensor of the training state, whole (a collective: every rank calls it)."""
+    out = {}
+    names = {id(p): n for n, p in job.model.named_parameters()}
+    items = list(job.model.state_dict().items())
+    for p, st in job.optimizer.state.items():
+        items += [(f"optim.state.{names[id(p)]}.{k}", v) for k, v in sorted(st.items())]
+    for k, v in items:
+        out[k] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+    return out
+
+
+def dump(job, path: Path | None, when: str) -> None:
+    if path is not None:
+        state = full_state(job)
+        if job.layout.rank == 0:
+            torch.save(state, path / f"{when}-{job.step}.pt")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--log", type=Path, default=None, help="rank 0 appends `step loss layout samples` here")
     p.add_argument("--lr-log", type=Path, default=None, help="rank 0 appends `step lr grad-norm` here")
+    p.add_argument("--dump-dir", type=Path, default=None,
+                   help="rank 0 saves the whole state before and after every step (tests)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="sleep this long after each step (tests, demos)")
     p.add_argument("--sleep-while", type=Path, default=None,
                    help="sleep after a step only while this file exists (a test removes it once it has resized the job)")
@@ -146,7 +170,9 @@ def main() -> None:
                        scheduler=warmup_cosine(args.steps), state={"data": data})
     while job.next_step(until=args.steps):  # elastic: migrations happen here, between steps
         with job.guard():  # elastic: a step another worker's death broke is abandoned, the job recovers
+            dump(job, args.dump_dir, "before")
             train_step(job, data, args)
+            dump(job, args.dump_dir, "after")
         if args.step_sleep and (args.sleep_while is None or args.sleep_while.exists()):
             import time
 
@@ -155,20 +181,20 @@ def main() -> None:
 
 def train_step(job, data: DataPosition, args) -> None:
     lay = job.layout
-    tokens, targets = batch(job.step, args.global_batch, lay.dp_rank, lay.dp)
+    tokens, targets = batch(job.step, args.global_batch, lay.data_rank, lay.data_size)  # elastic: DP x FSDP
     lr = job.optimizer.param_groups[0]["lr"]
     loss = F.cross_entropy(job.model(tokens).flatten(0, 1), targets.flatten())
     job.optimizer.zero_grad()
     loss.backward()
-    job.reduce_gradients()  # elastic: DP gradient mean
-    norm = job.clip_grad_norm_(MAX_NORM)  # elastic: the norm of the whole model's gradient, over TP and DP
+    job.reduce_gradients()  # elastic: DP gradient mean (FSDP2 made it in backward on an fsdp layout)
+    norm = job.clip_grad_norm_(MAX_NORM)  # elastic: the norm of the whole model's gradient, over TP, FSDP and DP
     job.optimizer.step()  # applied by every rank or by none
     job.scheduler.step()
     data.samples += args.global_batch
-    seen = loss.detach().clone()  # the global batch's loss: the mean of the DP ranks' equal shares
-    if lay.dp > 1:
-        torch.distributed.all_reduce(seen, group=lay.dp_group)
-        seen /= lay.dp
+    seen = loss.detach().clone()  # the global batch's loss: the mean of the data ranks' equal shares
+    if lay.data_size > 1:  # (every TP rank has its data rank's loss: the mean over all ranks is the same)
+        torch.distributed.all_reduce(seen)
+        seen /= lay.world_size
     if lay.rank == 0:
         job.report_loss(seen)  # elastic: the job's loss timeline (elastic history, dashboard)
         if args.log:

@@ -99,9 +99,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="GPUs (workers) per node (default: $SLURM_GPUS_ON_NODE, else 1); the local backend also "
                         "takes one count per simulated node, e.g. 4,4,2,2 (uneven nodes: TP then fits every node)")
     p.add_argument("--layouts", metavar="L1,L2,...",
-                   help="allowed layouts in order of preference, e.g. pp4tp2,pp2tp4,pp2tp2; for each device count "
-                        "the valid one using most devices wins. Default: any PP x TP x DP grid with TP inside a "
-                        "node, layers %% pp == 0 and heads %% tp == 0")
+                   help="allowed layouts in order of preference, e.g. pp4tp2,pp2tp4,pp2tp2; fsdpN shards the data-"
+                        "parallel dimension N ways with FSDP2 (live mode: tp2fsdp4), hsdpRxS is R replicas of S "
+                        "shards (tp2hsdp2x2); for each device count the valid one using most devices wins. Default: "
+                        "any PP x TP x DP grid with TP inside a node, layers %% pp == 0 and heads %% tp == 0")
     p.add_argument("--db", metavar="URL", default=None,
                    help="SQLAlchemy URL or SQLite path where rank maps, migrations and requests live "
                         "(default $ELASTIC_DB_URL or sqlite:///var/elastic.db)")

@@ -87,14 +87,15 @@ class Allocator:
             raise LayoutError(f"{self.curr} needs {m} devices but only {len(alive)} are available")
         size = self.curr.tp if self.tp_in_node else 1
         domains = self._domains(size)
-        if size > 1 and sum(d.size // size for d in domains) < self.curr.pp * self.curr.dp:
-            self.notes.append(f"no node has room for {self.curr.pp * self.curr.dp} TP groups of {size} inside "
+        if size > 1 and sum(d.size // size for d in domains) < self.curr.groups * self.curr.dp:
+            self.notes.append(f"no node has room for {self.curr.groups * self.curr.dp} TP groups of {size} inside "
                               "one node: TP groups span nodes")
             size, domains = 1, self._domains(1)
-        # unit types: one per PP stage (a TP group), or per class when groups may span nodes
+        # unit types: one per TP group of a replica (a PP stage's, or its FSDP rank's), or per class when
+        # groups may span nodes
         t = self.curr.tp
-        units = ([list(range(p * t, p * t + t)) for p in range(self.curr.pp)] if size > 1
-                 else [[c] for c in range(self.curr.pp * t)])
+        units = ([list(range(g * t, g * t + t)) for g in range(self.curr.groups)] if size > 1
+                 else [[c] for c in range(self.curr.classes)])
         resilient = self.placement == "resilient" and self.curr.dp >= 2
         solver = _Solver(self, units, domains, size, resilient)
         counts, optimal = solver.solve()
@@ -206,9 +207,8 @@ class Allocator:
                 for _ in range(n):
                     copy = next_copy[i]
                     next_copy[i] += 1
-                    for c in units[i]:
-                        p, t = divmod(c, cur.tp)  # the copy-th group of a stage (or copy of a class) is DP replica copy
-                        placement[cur.rank(p, copy, t)] = dom.devices[perm[row]]
+                    for c in units[i]:  # the copy-th group of a unit type (or copy of a class) is DP replica copy
+                        placement[cur.class_rank(c, copy)] = dom.devices[perm[row]]
                         row += 1
         return tuple(placement), retained
 
@@ -474,15 +474,14 @@ def initial_placement(layout: ParallelConfig, topology: Topology, placement: str
     Returns (device of each virtual rank, notes).
     """
     kinds = {d.id: 0 for d in topology.devices}
-    retained = np.zeros((layout.pp * layout.tp, 1), dtype=np.int64)
+    retained = np.zeros((layout.classes, 1), dtype=np.int64)
     p = Allocator(layout, retained, kinds, topology, tp_in_node, placement).place()
     return p.devices, p.notes
 
 
 def survives_node_loss(layout: ParallelConfig, devices: Sequence[int], topology: Topology) -> bool:
-    """True when losing any one node leaves a copy of every (pp stage, tp rank) class."""
-    nodes: dict[tuple[int, int], set[str]] = {}
+    """True when losing any one node leaves a copy of every (pp stage, fsdp rank, tp rank) class."""
+    nodes: dict[int, set[str]] = {}
     for r, dev in enumerate(devices):
-        pp, _dp, tp = layout.coords(r)
-        nodes.setdefault((pp, tp), set()).add(topology.devices[dev].node)
+        nodes.setdefault(layout.class_of(r), set()).add(topology.devices[dev].node)
     return all(len(v) >= 2 for v in nodes.values())

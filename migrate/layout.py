@@ -19,56 +19,101 @@ class LayoutError(ValueError):
     """Input that no plan can be made for; the message says what to change."""
 
 
-_DIM_RE = re.compile(r"(pp|tp|dp)(\d+)")
+_DIM_RE = re.compile(r"(pp|tp|fsdp|hsdp|dp)(\d+)(?:x(\d+))?")
+_GRAMMAR = "write it like pp4tp2dp1, tp2fsdp4 (FSDP2 over 4) or tp2hsdp2x2 (HSDP: 2 replicas of 2 shards); " \
+    "order-free, missing dims are 1"
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """A PP x DP x TP grid. Virtual rank order is Megatron's: TP fastest, then DP, then PP."""
+    """A PP x DP x FSDP x TP grid: `dp` replicas of the state, each sharded `fsdp` ways (FSDP2; HSDP when
+    both are > 1) and cut `tp` ways. Virtual rank order is torchtitan's mesh [pp, dp_replicate, dp_shard,
+    tp]: TP fastest, then FSDP, then DP, then PP (Megatron's when fsdp is 1).
+
+    A *class* is what one rank holds: (pp rank, fsdp rank, tp rank), class = (pp * fsdp + f) * tp + t; the
+    dp replicas of a class hold the same state."""
 
     pp: int = 1
     tp: int = 1
     dp: int = 1
+    fsdp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("pp", "tp", "dp"):
+        for name in ("pp", "tp", "dp", "fsdp"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise LayoutError(f"{name} must be a positive integer, got {value!r}")
 
     @classmethod
     def parse(cls, text: str) -> "ParallelConfig":
-        """Parse `pp4tp2dp1`, `tp2pp4`, `dp3` ...: order-free, missing dimensions are 1."""
+        """Parse `pp4tp2dp1`, `tp2pp4`, `dp3`, `tp2fsdp4`, `tp2hsdp2x2` ...: order-free, missing dimensions
+        are 1; `hsdpRxS` is `dpR` replicas of `fsdpS` shards."""
         s = text.strip().lower()
         if not s:
-            raise LayoutError("empty layout: write it like pp4tp2dp1")
+            raise LayoutError(f"empty layout: {_GRAMMAR}")
         pos, dims = 0, {}
         for m in _DIM_RE.finditer(s):
             if m.start() != pos:
                 break
-            if m.group(1) in dims:
-                raise LayoutError(f"layout {text!r} names {m.group(1)} twice")
-            dims[m.group(1)] = int(m.group(2))
+            name, n, extra = m.group(1), int(m.group(2)), m.group(3)
+            if (extra is not None) != (name == "hsdp"):
+                break
+            given = {"dp": n, "fsdp": int(extra)} if name == "hsdp" else {name: n}
+            for k in given:
+                if k in dims:
+                    raise LayoutError(f"layout {text!r} names {k} twice (hsdpRxS is dpR with fsdpS)")
+            dims.update(given)
             pos = m.end()
         if pos != len(s):
-            raise LayoutError(f"cannot read layout {text!r}: write it like pp4tp2dp1 (order-free, missing dims are 1)")
+            raise LayoutError(f"cannot read layout {text!r}: {_GRAMMAR}")
         return cls(**dims)
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.tp * self.dp
+        return self.pp * self.tp * self.dp * self.fsdp
 
-    def rank(self, pp: int, dp: int, tp: int) -> int:
-        return (pp * self.dp + dp) * self.tp + tp
+    def rank(self, pp: int, dp: int, tp: int, fsdp: int = 0) -> int:
+        return ((pp * self.dp + dp) * self.fsdp + fsdp) * self.tp + tp
 
     def coords(self, rank: int) -> tuple[int, int, int]:
-        """(pp, dp, tp) of a virtual rank."""
+        """(pp, dp, tp) of a virtual rank (its fsdp rank: fsdp_rank)."""
         tp = rank % self.tp
-        dp = (rank // self.tp) % self.dp
-        return rank // (self.tp * self.dp), dp, tp
+        dp = (rank // (self.tp * self.fsdp)) % self.dp
+        return rank // (self.tp * self.fsdp * self.dp), dp, tp
+
+    def fsdp_rank(self, rank: int) -> int:
+        return (rank // self.tp) % self.fsdp
+
+    @property
+    def classes(self) -> int:
+        """How many different pieces of the state the layout holds (ranks of a class are its DP replicas)."""
+        return self.pp * self.fsdp * self.tp
+
+    @property
+    def groups(self) -> int:
+        """TP groups of one replica (pp * fsdp): the units a placement keeps inside a node."""
+        return self.pp * self.fsdp
+
+    def class_of(self, rank: int) -> int:
+        pp, _dp, tp = self.coords(rank)
+        return (pp * self.fsdp + self.fsdp_rank(rank)) * self.tp + tp
+
+    def class_coords(self, cls: int) -> tuple[int, int, int]:
+        """(pp, fsdp, tp) of a class."""
+        group, tp = divmod(cls, self.tp)
+        return group // self.fsdp, group % self.fsdp, tp
+
+    def class_rank(self, cls: int, replica: int) -> int:
+        """The rank of DP replica `replica` of class `cls`."""
+        pp, f, tp = self.class_coords(cls)
+        return self.rank(pp, replica, tp, f)
+
+    def class_list(self) -> list[int]:
+        """The class of every rank, in rank order."""
+        return [self.class_of(r) for r in range(self.world_size)]
 
     def __str__(self) -> str:
-        return f"pp{self.pp}tp{self.tp}dp{self.dp}"
+        return f"pp{self.pp}tp{self.tp}dp{self.dp}" + (f"fsdp{self.fsdp}" if self.fsdp > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -146,7 +191,11 @@ class ModelSpec:
         return sum(self.kind_bytes(k) for k in self.state_kinds)
 
     def check_config(self, cfg: ParallelConfig) -> None:
-        """Raise LayoutError when `cfg` cannot split this model evenly."""
+        """Raise LayoutError when `cfg` cannot split this model evenly, or shards it over FSDP: the reference
+        GPT worker replicates over DP (live mode runs FSDP layouts; `elastic plan` plans them by manifest)."""
+        if cfg.fsdp > 1:
+            raise LayoutError(f"{cfg}: the reference GPT worker does not run FSDP layouts (fsdp/hsdp); a script "
+                              "under live mode (launcher.runtime) does")
         if self.layers % cfg.pp:
             raise LayoutError(f"{cfg}: {self.layers} layers are not divisible by pp={cfg.pp}")
         for name in ("heads", "ffn", "vocab"):

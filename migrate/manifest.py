@@ -39,10 +39,17 @@ class ManifestError(ValueError):
     """State that a manifest cannot describe (e.g. a tensor sharded along two dimensions)."""
 
 
+Cut = tuple[int, int, int]  # (dim, index, count): chunk `index` of `count` along `dim`
+
+
 @dataclass(frozen=True)
 class ShardEntry:
     """One piece of one tensor: `fqn` of global `shape`, cut into `count` chunks along `dim` (None:
-    whole), of which this is chunk `index`."""
+    whole), of which this is chunk `index`; then, in turn, each cut of `inner` (dim, index, count)
+    chunks what is left (FSDP2 shards dim 0 of a TP shard: a column-parallel weight of TP rank t is
+    (0, t, T) then (0, f, F), a row-parallel one (1, t, T) then (0, f, F)). A piece is a box. `axes`
+    names the mesh dimension of each cut where it is known ("tp", "fsdp": a checkpoint places the piece on
+    its mesh by them); none means a single cut is TP's."""
 
     fqn: str
     shape: tuple[int, ...]
@@ -50,49 +57,87 @@ class ShardEntry:
     dim: int | None = None
     index: int = 0
     count: int = 1
+    inner: tuple[Cut, ...] = ()
+    axes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
             raise ManifestError(f"{self.fqn}: unknown dtype {self.dtype!r}")
-        if self.dim is not None and not 0 <= self.dim < len(self.shape):
-            raise ManifestError(f"{self.fqn}: shard dim {self.dim} outside shape {self.shape}")
-        if not 0 <= self.index < self.count:
-            raise ManifestError(f"{self.fqn}: shard index {self.index} not in 0..{self.count - 1}")
+        if self.dim is None and self.inner:
+            raise ManifestError(f"{self.fqn}: inner cuts {self.inner} of a piece that is not cut")
+        for dim, index, count in self.cuts:
+            if not 0 <= dim < len(self.shape):
+                raise ManifestError(f"{self.fqn}: shard dim {dim} outside shape {self.shape}")
+            if not 0 <= index < count:
+                raise ManifestError(f"{self.fqn}: shard index {index} not in 0..{count - 1}")
+        if self.axes and len(self.axes) != len(self.cuts):
+            raise ManifestError(f"{self.fqn}: {len(self.axes)} axes {self.axes} for {len(self.cuts)} cuts")
+
+    @property
+    def cuts(self) -> tuple[Cut, ...]:
+        """Every cut, outermost first (none for a whole piece)."""
+        return () if self.dim is None else ((self.dim, self.index, self.count),) + tuple(self.inner)
+
+    @property
+    def box(self) -> tuple[tuple[int, int], ...]:
+        """[lo, hi) along every dimension: DTensor's Shard chunking (chunk = ceil(n / count)), cut after cut."""
+        out = [(0, n) for n in self.shape]
+        for dim, index, count in self.cuts:
+            lo, hi = out[dim]
+            chunk = -(-(hi - lo) // count)
+            a = min(lo + index * chunk, hi)
+            out[dim] = (a, min(a + chunk, hi))
+        return tuple(out)
 
     @property
     def range(self) -> tuple[int, int]:
-        """[lo, hi) along `dim` (DTensor's Shard chunking); the whole first dim when not sharded."""
+        """[lo, hi) along `dim`; the whole first dim when not sharded."""
         if self.dim is None:
             return 0, self.shape[0] if self.shape else 1
-        n = self.shape[self.dim]
-        chunk = -(-n // self.count)
-        lo = min(self.index * chunk, n)
-        return lo, min(lo + chunk, n)
+        return self.box[self.dim]
+
+    @property
+    def cut_dims(self) -> frozenset[int]:
+        return frozenset(d for d, _i, _c in self.cuts)
 
     @property
     def local_shape(self) -> tuple[int, ...]:
-        if self.dim is None:
-            return self.shape
-        lo, hi = self.range
-        return tuple(hi - lo if d == self.dim else s for d, s in enumerate(self.shape))
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one index along `dim` (of the whole tensor when not sharded)."""
-        rest = math.prod(s for d, s in enumerate(self.shape) if d != (self.dim or 0)) if self.shape else 1
-        return rest * DTYPE_BYTES[self.dtype]
+        return tuple(hi - lo for lo, hi in self.box)
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.local_shape) * DTYPE_BYTES[self.dtype]
 
     def to_dict(self) -> dict:
-        return {"fqn": self.fqn, "shape": list(self.shape), "dtype": self.dtype, "dim": self.dim,
-                "index": self.index, "count": self.count}
+        d = {"fqn": self.fqn, "shape": list(self.shape), "dtype": self.dtype, "dim": self.dim,
+             "index": self.index, "count": self.count}
+        if self.inner:
+            d["inner"] = [list(c) for c in self.inner]
+        if self.axes:
+            d["axes"] = list(self.axes)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "ShardEntry":
-        return cls(d["fqn"], tuple(d["shape"]), d["dtype"], d["dim"], d["index"], d["count"])
+        return cls(d["fqn"], tuple(d["shape"]), d["dtype"], d["dim"], d["index"], d["count"],
+                   tuple(tuple(c) for c in d.get("inner", ())), tuple(d.get("axes", ())))
+
+    def cut_also(self, dim: int, index: int, count: int, axis: str = "") -> "ShardEntry":
+        """This piece cut once more: chunk `index` of `count` along `dim` of what it holds, by mesh
+        dimension `axis` (the cuts before it unnamed are TP's)."""
+        if count == 1:
+            return self
+        axes = self.axes
+        if axis:
+            axes = (axes or ("tp",) * len(self.cuts)) + (axis,)
+        elif axes:
+            raise ManifestError(f"{self.fqn}: an unnamed cut after the named ones {axes}")
+        (d, i, c), *inner = self.cuts + ((dim, index, count),)
+        return ShardEntry(self.fqn, self.shape, self.dtype, d, i, c, tuple(inner), axes)
+
+    def axis_of(self, i: int) -> str:
+        """The mesh dimension of cut `i`: named, or TP's for a piece whose cuts are not named."""
+        return self.axes[i] if self.axes else "tp"
 
 
 @dataclass(frozen=True)
@@ -123,21 +168,11 @@ class Manifest:
 
 
 def overlap(a: ShardEntry, b: ShardEntry) -> int:
-    """Bytes of tensor `a.fqn` that both pieces hold."""
+    """Bytes of tensor `a.fqn` that both pieces hold: the intersection of their boxes."""
     if a.shape != b.shape or a.dtype != b.dtype:
         raise ManifestError(f"{a.fqn}: shape/dtype {a.shape} {a.dtype} vs {b.shape} {b.dtype} across layouts")
-    if a.dim is None:
-        return b.nbytes
-    if b.dim is None:
-        return a.nbytes
-    if a.dim == b.dim:
-        (alo, ahi), (blo, bhi) = a.range, b.range
-        return max(min(ahi, bhi) - max(alo, blo), 0) * a.row_bytes
-    shape = list(a.shape)  # a box: a's range along a.dim, b's along b.dim
-    for e in (a, b):
-        lo, hi = e.range
-        shape[e.dim] = hi - lo
-    return math.prod(shape) * DTYPE_BYTES[a.dtype]
+    return math.prod(max(min(ahi, bhi) - max(alo, blo), 0) for (alo, ahi), (blo, bhi) in zip(a.box, b.box)) \
+        * DTYPE_BYTES[a.dtype]
 
 
 def shared_bytes(rows: Sequence[Manifest], cols: Sequence[Manifest]) -> np.ndarray:
@@ -165,22 +200,27 @@ def _dtype_name(dtype) -> str:
 
 
 def tensor_entry(fqn: str, t) -> ShardEntry:
-    """The piece of `fqn` that tensor `t` is: a DTensor's placements give its shard, else whole."""
+    """The piece of `fqn` that tensor `t` is: a DTensor's placements give its cuts (mesh dimension by mesh
+    dimension; a _StridedShard, FSDP2's over a TP shard of the same dim, cuts after the others), else whole."""
     from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
 
+    entry = ShardEntry(fqn, tuple(t.shape), _dtype_name(t.dtype))
     if not isinstance(t, DTensor):
-        return ShardEntry(fqn, tuple(t.shape), _dtype_name(t.dtype))
-    mesh, dim, index, count = t.device_mesh, None, 0, 1
+        return entry
+    mesh = t.device_mesh
     coords = mesh.get_coordinate() or [0] * mesh.ndim
+    names = mesh.mesh_dim_names or ()
+    plain, strided = [], []
     for mdim, p in enumerate(t.placements):
-        if isinstance(p, Shard):
-            if dim is not None:
-                raise ManifestError(f"{fqn}: sharded on two mesh dimensions ({t.placements}); a manifest "
-                                    "holds one shard dimension")
-            dim, index, count = p.dim, coords[mdim], mesh.size(mdim)
+        if isinstance(p, (Shard, _StridedShard)):
+            axis = names[mdim] if "fsdp" in names else ""  # named where FSDP makes it ambiguous
+            (strided if isinstance(p, _StridedShard) else plain).append((p.dim, coords[mdim], mesh.size(mdim), axis))
         elif not p.is_replicate():
             raise ManifestError(f"{fqn}: placement {p} (only Shard(d) and Replicate are supported)")
-    return ShardEntry(fqn, tuple(t.shape), _dtype_name(t.dtype), dim, index, count)
+    for cut in plain + strided:
+        entry = entry.cut_also(*cut)
+    return entry
 
 
 def optimizer_entries(module, optimizer) -> list[ShardEntry]:
@@ -214,11 +254,12 @@ def default_optimizer(params):
 
 
 def plan_manifest(module, tp_plan: Mapping[str, object] | None, tp: int, tp_rank: int,
-                  optimizer: Callable | None = default_optimizer) -> Manifest:
+                  optimizer: Callable | None = default_optimizer, fsdp: int = 1, fsdp_rank: int = 0) -> Manifest:
     """The manifest of one TP rank of a layout that no process holds: `module` is the model (or
     its PP stage) built on the meta device, `tp_plan` its `parallelize_module` plan (module FQN ->
     ColwiseParallel()/RowwiseParallel() or their class names); parameters outside the plan are
-    replicated. `optimizer(params)` is the script's optimizer factory (None: no optimizer state): its
+    replicated. With `fsdp` > 1, FSDP2's `fully_shard` over the TP-sharded module cuts dim 0 of every
+    parameter's TP piece once more (chunk `fsdp_rank`), buffers stay whole. `optimizer(params)` is the script's optimizer factory (None: no optimizer state): its
     per-parameter state is learnt from the optimizer itself (migrate.optim_state), each tensor shaped
     like its parameter cut like it, every other one (a scalar `step`, Adafactor's factored moments of an
     unsharded matrix) whole on every rank."""
@@ -235,6 +276,9 @@ def plan_manifest(module, tp_plan: Mapping[str, object] | None, tp: int, tp_rank
         dim = None if dims is None or tp == 1 else (dims[0] if leaf == "weight" else dims[1] if leaf == "bias" else None)
         entries.append(ShardEntry(fqn, tuple(t.shape), _dtype_name(t.dtype), dim, tp_rank if dim is not None else 0,
                                   tp if dim is not None else 1))
+    if fsdp > 1:
+        params = dict(module.named_parameters())
+        entries = [e.cut_also(0, fsdp_rank, fsdp, "fsdp") if e.fqn in params and e.shape else e for e in entries]
     if optimizer is not None:
         entries += planned_optimizer_entries(module, {e.fqn: e for e in entries}, optimizer)
     return Manifest(tuple(entries))
@@ -258,7 +302,7 @@ def planned_optimizer_entries(module, pieces: Mapping[str, ShardEntry], optimize
         for key, (shape, dtype) in shapes[name].items():
             fqn = f"optim.state.{name}.{key}"
             if shape == e.shape:
-                out.append(ShardEntry(fqn, shape, dtype, e.dim, e.index, e.count))
+                out.append(ShardEntry(fqn, shape, dtype, e.dim, e.index, e.count, e.inner, e.axes))
             elif e.dim is None or shape == ():
                 out.append(ShardEntry(fqn, shape, dtype))
             else:
@@ -279,9 +323,10 @@ def meta_module(build, *args, **kwargs):
 def gpt_manifest(model, cfg, rank: int) -> Manifest:
     """The reference GPT's state on virtual rank `rank` of `cfg` (migrate.layout's rules): every
     state kind (param, master, Adam moments) of every tensor its stage holds, TP shards by rank."""
-    from migrate.state import held_tensors, rank_workload
+    from migrate.workload import held_tensors, rank_workload
 
     _pp, _dp, tp = cfg.coords(rank)
+    f = cfg.fsdp_rank(rank)
     w = rank_workload(cfg, rank, model.layers, cfg.tp)
     dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[model.dtype]
     entries = []
@@ -289,20 +334,22 @@ def gpt_manifest(model, cfg, rank: int) -> Manifest:
         for kind in model.state_kinds:
             sharded = spec.tp_dim is not None and cfg.tp > 1
             entries.append(ShardEntry(f"{kind}.{spec.name}", spec.shape, dtype if kind == "param" else "float32",
-                                      spec.tp_dim if sharded else None, tp if sharded else 0, cfg.tp if sharded else 1))
+                                      spec.tp_dim if sharded else None, tp if sharded else 0,
+                                      cfg.tp if sharded else 1).cut_also(0, f, cfg.fsdp, "fsdp"))
     return Manifest(tuple(entries))
 
 
 def layout_manifests(cfg, produce) -> list[Manifest]:
-    """One manifest per class (pp * tp + tp_rank) of layout `cfg`: produce(rank) for the class's first
-    DP rank (DP replicas hold the same state)."""
-    return [produce(cfg.rank(p, 0, t)) for p in range(cfg.pp) for t in range(cfg.tp)]
+    """One manifest per class (migrate.layout.ParallelConfig.class_of) of layout `cfg`: produce(rank) for
+    the class's first DP rank (DP replicas hold the same state)."""
+    return [produce(cfg.class_rank(c, 0)) for c in range(cfg.classes)]
 
 
 def stage_manifests(cfg, build_stage, tp_plan: Mapping[str, object] | None,
                     optimizer: Callable | None = default_optimizer) -> list[Manifest]:
-    """One manifest per class (pp rank * tp + tp rank) of layout `cfg` of any model: `build_stage(rank)`
-    builds the pipeline stage of `rank` (under the whole model's FQNs), here on the meta device;
-    `tp_plan` cuts it as in plan_manifest. DP replicas hold their class's manifest."""
+    """One manifest per class (pp rank, fsdp rank, tp rank) of layout `cfg` of any model:
+    `build_stage(rank)` builds the pipeline stage of `rank` (under the whole model's FQNs), here on the
+    meta device; `tp_plan` and the layout's FSDP cut it as in plan_manifest. DP replicas hold their
+    class's manifest."""
     return layout_manifests(cfg, lambda r: plan_manifest(meta_module(build_stage, r), tp_plan, cfg.tp,
-                                                         cfg.coords(r)[2], optimizer))
+                                                         cfg.coords(r)[2], optimizer, cfg.fsdp, cfg.fsdp_rank(r)))

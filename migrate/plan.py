@@ -13,7 +13,7 @@ from functools import cached_property
 import numpy as np
 
 from migrate.allocator import Allocator, Placement
-from migrate.instructions import Expander, Instruction, Needs, check_lost
+from migrate.instructions import Expander, Instruction, LostStateError, Needs, check_lost
 from migrate.layout import LayoutError, ModelSpec, ParallelConfig
 from migrate.topology import RankMap, Topology
 from migrate.workload import ByteModel, Workload, class_workloads, slice_units
@@ -90,10 +90,12 @@ class MigrationPlan:
     # -- serialisation --------------------------------------------------------------------------
     def placement(self) -> list[dict]:
         out = []
+        cfg = self.curr.layout
         for r, d in enumerate(self.curr.devices):
-            pp, dp, tp = self.curr.layout.coords(r)
+            pp, dp, tp = cfg.coords(r)
             dev = self.topology.devices[d]
-            out.append({"rank": r, "device": d, "node": dev.node, "gpu": dev.gpu, "pp": pp, "dp": dp, "tp": tp})
+            out.append({"rank": r, "device": d, "node": dev.node, "gpu": dev.gpu, "pp": pp, "dp": dp, "tp": tp,
+                        **({"fsdp": cfg.fsdp_rank(r)} if cfg.fsdp > 1 else {})})
         return out
 
     def summary(self) -> dict:
@@ -152,6 +154,103 @@ class MigrationPlan:
         )
 
 
+@dataclass(frozen=True)
+class Move:
+    """One piece of a ShardedPlan: the elements `box` of tensor `fqn` from device `src` to device `dst`
+    (src == dst: kept in place, op "refer")."""
+
+    op: str
+    src: int
+    dst: int
+    fqn: str
+    box: tuple[tuple[int, int], ...]
+    nbytes: int
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "src": self.src, "dst": self.dst, "fqn": self.fqn, "box": [list(b) for b in self.box],
+                "nbytes": self.nbytes}
+
+
+@dataclass(frozen=True)
+class ShardedPlan(MigrationPlan):
+    """A plan between layouts the rectangle byte model does not describe: with FSDP a rank holds a box of
+    each tensor (dim 0 of its TP piece cut once more, migrate.manifest), so the bytes come from the state
+    manifests (migrate.manifest.gpt_manifest, box overlaps), the placement from the same allocator, and the
+    pieces each device sends and keeps from migrate.reshard.plan_transfers (what live mode moves)."""
+
+    moves: tuple[Move, ...] = ()
+
+    def summary(self) -> dict:
+        return {**super().summary(), "by_manifest": True}
+
+    @cached_property
+    def expander(self) -> Expander:
+        raise LayoutError("an FSDP plan has no Send/Recv/Refer segments of the reference GPT: see its moves")
+
+    @cached_property
+    def instructions(self) -> tuple[Move, ...]:
+        return self.moves
+
+    def instructions_for(self, device: int) -> list[Move]:
+        return [m for m in self.moves if device in (m.src, m.dst)]
+
+    @cached_property
+    def _traffic(self) -> tuple[dict[int, int], dict[int, int], dict[str, int]]:
+        send: dict[int, int] = {}
+        recv: dict[int, int] = {}
+        counts = {"send": 0, "recv": 0, "refer": 0}
+        for m in self.moves:
+            if m.op == "refer":
+                counts["refer"] += 1
+                continue
+            counts["send"] += 1
+            counts["recv"] += 1
+            send[m.src] = send.get(m.src, 0) + m.nbytes
+            recv[m.dst] = recv.get(m.dst, 0) + m.nbytes
+        return send, recv, counts
+
+
+def _plan_sharded(model: ModelSpec, prev_map: RankMap, curr: ParallelConfig, topology: Topology, failed,
+                  tp_in_node: bool, placement: str, unusable, t0: float) -> ShardedPlan:
+    """plan() where either layout shards over FSDP (see ShardedPlan)."""
+    from dataclasses import replace
+
+    from migrate.manifest import Manifest, ManifestError, class_cost, gpt_manifest, layout_manifests
+    from migrate.reshard import plan_transfers, transfer_bytes
+
+    prev_cfg = prev_map.layout
+    for cfg in (prev_cfg, curr):
+        model.check_config(replace(cfg, fsdp=1))
+    _check_devices(prev_map, topology, failed)
+    old_cls = layout_manifests(prev_cfg, lambda r: gpt_manifest(model, prev_cfg, r))
+    new_cls = layout_manifests(curr, lambda r: gpt_manifest(model, curr, r))
+    cost = class_cost(new_cls, old_cls + [Manifest(())])
+    placed = place(curr, cost, prev_map, topology, failed, tp_in_node, placement, unusable)
+    need_total = int(cost[:, -1].sum()) * curr.dp
+    old_ms = [Manifest(()) if d in failed else old_cls[c] for d, c in zip(prev_map.devices, prev_cfg.class_list())]
+    new_ms = [new_cls[c] for c in curr.class_list()]
+    same = {r: prev_map.devices.index(d) for r, d in enumerate(placed.devices)
+            if d in prev_map.devices and d not in failed}
+    try:
+        transfers = plan_transfers(old_ms, new_ms, same)
+    except ManifestError as exc:
+        raise LostStateError([str(exc)]) from None
+    entries = [m.by_fqn() for m in new_cls]
+    classes = curr.class_list()
+    moves = tuple(Move("refer" if same.get(t.dst) == t.src else "send", prev_map.devices[t.src],
+                       placed.devices[t.dst], t.fqn, t.box, transfer_bytes(t, entries[classes[t.dst]][t.fqn]))
+                  for t in transfers)
+    used_before = {topology.devices[d].node for d in prev_map.devices if d not in failed}
+    gone = used_before - {topology.devices[d].node for d in placed.devices}
+    released = tuple(n for n in topology.nodes if n in gone and n not in topology.pinned)
+    total = sum(e.nbytes for e in {e for m in new_cls for e in m.entries})  # every piece once
+    result = ShardedPlan(model, prev_map, RankMap(curr, placed.devices), topology, tuple(sorted(failed)), 1, total,
+                         released, placed.notes, 0.0, need_total - placed.rule_bound, need_total - placed.upper_bound,
+                         placed.optimal, placement, moves)
+    object.__setattr__(result, "plan_ms", (time.perf_counter() - t0) * 1000)
+    return result
+
+
 def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig, topology: Topology,
          failed: frozenset[int] | set[int] = frozenset(), tp_in_node: bool = True,
          placement: str = "packed", unusable: frozenset[int] | set[int] = frozenset()) -> MigrationPlan:
@@ -159,11 +258,15 @@ def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig,
 
     `tp_in_node=False` drops the node rule (tests and what-ifs); `placement="resilient"` keeps
     the DP replicas of every stage off any single node (see migrate.allocator). `unusable`: devices
-    outside the old layout that get no rank either (their worker died earlier).
+    outside the old layout that get no rank either (their worker died earlier). Layouts with FSDP
+    get a ShardedPlan (bytes by manifest).
     """
     t0 = time.perf_counter()
     prev_map = prev if isinstance(prev, RankMap) else RankMap.identity(prev)
     prev_cfg = prev_map.layout
+    if prev_cfg.fsdp > 1 or curr.fsdp > 1:
+        return _plan_sharded(model, prev_map, curr, topology, frozenset(failed), tp_in_node, placement,
+                             frozenset(unusable), t0)
     model.check_config(prev_cfg)
     model.check_config(curr)
     _check_devices(prev_map, topology, failed)
@@ -203,10 +306,9 @@ def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig,
 def _device_kinds(prev: RankMap, topology: Topology, failed, unusable=frozenset()) -> tuple[np.ndarray, np.ndarray]:
     """(old class each device holds, or the empty kind; which devices are alive and usable)."""
     cfg = prev.layout
-    empty_kind = cfg.pp * cfg.tp
+    empty_kind = cfg.classes
     kind_of = np.full(len(topology.devices), empty_kind, dtype=np.int64)
-    ranks = np.arange(cfg.world_size)
-    kind_of[list(prev.devices)] = (ranks // (cfg.tp * cfg.dp)) * cfg.tp + ranks % cfg.tp
+    kind_of[list(prev.devices)] = cfg.class_list()
     alive = np.ones(len(topology.devices), dtype=bool)
     alive[list(failed)] = False
     alive[list(unusable)] = False

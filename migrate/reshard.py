@@ -26,8 +26,10 @@ processes at both ends (the sender's of the bytes it cut from its old tensors by
 handed over, the receiver's of the bytes that arrived: a direct message's from its new tensor after
 the last window) and every process raises the same MigrationMismatch when any differs, old state kept.
 
-A tensor is cut along at most one dimension on each side (DTensor Shard(d)/Replicate); when both
-sides cut it, they must cut the same dimension (a TP style fixes it per parameter).
+A piece is a box of its tensor (migrate.manifest.ShardEntry: DTensor Shard(d)/Replicate, FSDP2's cut of
+a TP shard), and so is every transfer: along one dimension when both layouts cut the tensor along the
+same one (TP to TP), a box otherwise (TP to FSDP x TP: a row-parallel weight is cut by columns on one
+side, by rows and columns on the other).
 """
 from __future__ import annotations
 
@@ -43,34 +45,51 @@ class MigrationMismatch(RuntimeError):
     (A dead peer raises migrate.transfer.TransferError instead; planning here stays free of torch.)"""
 
 
+Box = tuple[tuple[int, int], ...]
+
+
 @dataclass(frozen=True, order=True)
 class Transfer:
-    """Rows [lo, hi) along `dim` (None: the whole tensor) of `fqn`, from old rank `src` to new rank `dst`."""
+    """The elements `box` ([lo, hi) along every dimension of the whole tensor) of `fqn`, from old rank
+    `src` to new rank `dst`."""
 
     fqn: str
     dst: int
     src: int
-    dim: int | None
-    lo: int
-    hi: int
+    box: Box
+
+    @property
+    def numel(self) -> int:
+        return math.prod(hi - lo for lo, hi in self.box)
 
 
-def _cut_dim(a: ShardEntry, b: ShardEntry) -> int | None:
-    if a.dim is not None and b.dim is not None and a.dim != b.dim:
-        raise ManifestError(f"{a.fqn}: cut along dim {a.dim} in one layout and dim {b.dim} in the other")
-    return a.dim if a.dim is not None else b.dim
+def _cap(a: Box, b: Box) -> Box | None:
+    out = tuple((max(alo, blo), min(ahi, bhi)) for (alo, ahi), (blo, bhi) in zip(a, b))
+    return out if all(lo < hi for lo, hi in out) else None
 
 
-def _span(e: ShardEntry, dim: int | None) -> tuple[int, int]:
-    """[lo, hi) of `e` along `dim` (its whole extent when it is not cut)."""
-    if dim is None:
-        return 0, 1
-    return e.range if e.dim is not None else (0, e.shape[dim])
+def _cells(want: Box, boxes: Sequence[Box]) -> list[Box]:
+    """`want` cut at every edge of `boxes` inside it, in row-major order: each cell lies wholly inside or
+    wholly outside each box."""
+    import itertools
+
+    cuts = []
+    for d, (lo, hi) in enumerate(want):
+        edges = sorted({lo, hi} | {x for b in boxes for x in b[d] if lo < x < hi})
+        cuts.append(list(zip(edges, edges[1:])))
+    return [tuple(c) for c in itertools.product(*cuts)]
+
+
+def _inside(cell: Box, box: Box) -> bool:
+    return all(blo <= lo and hi <= bhi for (lo, hi), (blo, bhi) in zip(cell, box))
 
 
 def plan_transfers(old: Sequence[Manifest], new: Sequence[Manifest], same: Mapping[int, int]) -> list[Transfer]:
     """Who sends what: `old[r]` is what old rank r holds, `new[r]` what new rank r needs, `same[new rank]`
-    the old rank on the same process (if any). Raises ManifestError when some piece has no holder."""
+    the old rank on the same process (if any). Each needed box is cut at the edges of the old pieces
+    over it; each cell comes from a holder (the same process first, then the least loaded), and the cells
+    a holder sends one receiver are one transfer where they make a box (its whole share of the need).
+    Raises ManifestError when some piece has no holder."""
     holders: dict[str, list[tuple[int, ShardEntry]]] = {}
     for r, m in enumerate(old):
         for e in m.entries:
@@ -82,26 +101,29 @@ def plan_transfers(old: Sequence[Manifest], new: Sequence[Manifest], same: Mappi
             have = holders.get(need.fqn)
             if not have:
                 raise ManifestError(f"{need.fqn}: no process holds it in the old layout")
-            dim = _cut_dim(need, have[0][1])
-            lo, hi = _span(need, dim)
-            pos = lo
-            while pos < hi:
-                # holders covering `pos`; the same process first, then the least loaded
-                cover = [(r, e) for r, e in have if _span(e, dim)[0] <= pos < _span(e, dim)[1]]
+            if have[0][1].shape != need.shape:
+                raise ManifestError(f"{need.fqn}: shape {have[0][1].shape} in the old layout, {need.shape} in the new")
+            want = need.box
+            if any(lo >= hi for lo, hi in want):
+                continue  # an empty shard (more chunks than rows): nothing to fill
+            over = [(r, cap) for r, e in have if (cap := _cap(e.box, want)) is not None]
+            boxes = [cap for _r, cap in over]
+            chosen: dict[int, list[Box]] = {}
+            for cell in _cells(want, boxes):
+                cover = [r for r, cap in over if _inside(cell, cap)]
                 if not cover:
-                    raise ManifestError(f"{need.fqn}: rows from {pos} are held by no old rank")
-                r, e = min(cover, key=lambda x: (x[0] != same.get(dst), load[x[0]], x[0]))
-                end = min(hi, _span(e, dim)[1])
-                out.append(Transfer(need.fqn, dst, r, dim, pos, end))
+                    raise ManifestError(f"{need.fqn}: elements {cell} are held by no old rank")
+                r = min(cover, key=lambda x: (x != same.get(dst), load[x], x))
+                chosen.setdefault(r, []).append(cell)
                 if r != same.get(dst):
-                    load[r] += (end - pos) * need.row_bytes if dim is not None else need.nbytes
-                pos = end
+                    load[r] += math.prod(hi - lo for lo, hi in cell) * DTYPE_BYTES[need.dtype]
+            caps = dict(over)
+            for r, cells in sorted(chosen.items(), key=lambda x: x[1][0]):
+                if len(cells) == len(_cells(caps[r], boxes)):  # the holder's whole share: one box
+                    out.append(Transfer(need.fqn, dst, r, caps[r]))
+                else:
+                    out += [Transfer(need.fqn, dst, r, c) for c in cells]
     return out
-
-
-def _box(e: ShardEntry) -> tuple[tuple[int, int], ...]:
-    """The elements piece `e` holds: its [lo, hi) along every dimension."""
-    return tuple(e.range if d == e.dim else (0, n) for d, n in enumerate(e.shape))
 
 
 def kept_pieces(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
@@ -117,7 +139,7 @@ def kept_pieces(transfers: Sequence[Transfer], old_rank: int | None, new_rank: i
             sources.setdefault(t.fqn, set()).add(t.src)
     return frozenset(e.fqn for e in new_manifest.entries
                      if sources.get(e.fqn) == {old_rank} and e.fqn in olds
-                     and olds[e.fqn].dtype == e.dtype and _box(olds[e.fqn]) == _box(e))
+                     and olds[e.fqn].dtype == e.dtype and olds[e.fqn].box == e.box)
 
 
 def allocates_ahead(old_rank: int | None, new_rank: int | None, release_early: bool) -> bool:
@@ -155,7 +177,7 @@ def plan_staging(transfers: Sequence[Transfer], old_rank: int | None, new_rank: 
     """Bytes of staging (received, sent) that `execute` on this process may need at most
     (migrate.transfer.staging_bound over the pieces it will send and receive). Pure;
     `allocate_staging` makes them."""
-    from migrate.transfer import EARLY_WINDOW_BYTES, WINDOW_BYTES, narrow_is_contiguous, staging_bound
+    from migrate.transfer import EARLY_WINDOW_BYTES, WINDOW_BYTES, staging_bound, view_is_contiguous
 
     olds = old_manifest.by_fqn() if old_manifest is not None else {}
     news = new_manifest.by_fqn() if new_manifest is not None else {}
@@ -168,7 +190,7 @@ def plan_staging(transfers: Sequence[Transfer], old_rank: int | None, new_rank: 
             incoming, peer, e = True, tr.src, news[tr.fqn]
         else:
             continue
-        whole = tr.dim is None or narrow_is_contiguous(e.local_shape, tr.dim, tr.hi - tr.lo)
+        whole = view_is_contiguous(e.local_shape, _lengths(tr))
         pieces.append((incoming, peer, transfer_bytes(tr, e), whole))
     return staging_bound(pieces, window_bytes or (EARLY_WINDOW_BYTES if release_early else WINDOW_BYTES))
 
@@ -181,31 +203,37 @@ def allocate_staging(need: tuple[int, int], device=None) -> tuple[object, object
     return tuple(torch.zeros(n, dtype=torch.uint8, device=device) for n in need)
 
 
-def _at(e: ShardEntry, tr: Transfer) -> int:
-    """Where the transfer's rows start in local piece `e` (along tr.dim)."""
-    return tr.lo - (e.range[0] if e.dim is not None else 0) if tr.dim is not None else 0
+def _at(e: ShardEntry, tr: Transfer) -> tuple[int, ...]:
+    """Where the transfer's box starts in local piece `e`, along every dimension."""
+    return tuple(lo - elo for (lo, _hi), (elo, _ehi) in zip(tr.box, e.box))
 
 
-def _cut(t, dim: int | None, at: int, length: int):
-    """The view of local tensor `t` holding `length` rows from `at` along `dim` (None: all of it)."""
-    return t if dim is None else t.narrow(dim, at, length)
+def _lengths(tr: Transfer) -> tuple[int, ...]:
+    return tuple(hi - lo for lo, hi in tr.box)
+
+
+def _cut(t, at: tuple[int, ...], lengths: tuple[int, ...]):
+    """The view of local tensor `t` holding `lengths` elements from `at` along every dimension."""
+    for d, (a, n) in enumerate(zip(at, lengths)):
+        if a or n != t.shape[d]:
+            t = t.narrow(d, a, n)
+    return t
 
 
 @dataclass(frozen=True)
 class LocalStep:
-    """One transfer as this process does it: `op` "send" (rows of its old tensor `fqn`, from `old_at`),
+    """One transfer as this process does it: `op` "send" (the box of its old tensor `fqn` from `old_at`),
     "recv" (into its new tensor, from `new_at`: `nbytes`, contiguous when `whole`) or "copy" (both ends
-    here); `key` names it alike at both ends."""
+    here), `lengths` along every dimension; `key` names it alike at both ends."""
 
     op: str
     fqn: str
     key: tuple
     src: int
     dst: int
-    dim: int | None
-    old_at: int
-    new_at: int
-    length: int
+    old_at: tuple[int, ...]
+    new_at: tuple[int, ...]
+    lengths: tuple[int, ...]
     nbytes: int
     whole: bool
 
@@ -227,7 +255,7 @@ class LocalPlan:
 def plan_local(transfers: Sequence[Transfer], old_rank: int | None, new_rank: int | None,
                old_manifest: Manifest | None, new_manifest: Manifest | None) -> LocalPlan:
     """This process's part of `transfers` (it is old rank `old_rank` and new rank `new_rank`). Pure."""
-    from migrate.transfer import narrow_is_contiguous
+    from migrate.transfer import view_is_contiguous
 
     olds = old_manifest.by_fqn() if old_manifest is not None else {}
     news = new_manifest.by_fqn() if new_manifest is not None else {}
@@ -237,14 +265,14 @@ def plan_local(transfers: Sequence[Transfer], old_rank: int | None, new_rank: in
                       or t.dst == new_rank and t.fqn not in kept), key=_key):
         mine_old, mine_new = old_rank == tr.src, new_rank == tr.dst
         op = "copy" if mine_old and mine_new else "send" if mine_old else "recv"
-        length = tr.hi - tr.lo
-        old_at = _at(olds[tr.fqn], tr) if mine_old else 0
-        nbytes, whole, new_at = 0, True, 0
+        lengths = _lengths(tr)
+        old_at = _at(olds[tr.fqn], tr) if mine_old else ()
+        nbytes, whole, new_at = 0, True, ()
         if mine_new:
             e = news[tr.fqn]
             new_at, nbytes = _at(e, tr), transfer_bytes(tr, e)
-            whole = tr.dim is None or narrow_is_contiguous(e.local_shape, tr.dim, length)
-        steps.append(LocalStep(op, tr.fqn, _key(tr), tr.src, tr.dst, tr.dim, old_at, new_at, length, nbytes, whole))
+            whole = view_is_contiguous(e.local_shape, lengths)
+        steps.append(LocalStep(op, tr.fqn, _key(tr), tr.src, tr.dst, old_at, new_at, lengths, nbytes, whole))
     return LocalPlan(kept, tuple(steps), tuple((e.fqn, tuple(e.local_shape), e.dtype) for e in news.values()),
                      tuple(olds))
 
@@ -267,7 +295,7 @@ class Resharded(dict):
 
 
 def _key(tr: Transfer) -> tuple:
-    return (tr.fqn, tr.dst, tr.src, -1 if tr.dim is None else tr.dim, tr.lo, tr.hi)
+    return (tr.fqn, tr.dst, tr.src, tr.box)
 
 
 class PreparedTransfer:
@@ -328,11 +356,11 @@ def _build(lp: LocalPlan, old_rank: int | None, new_rank: int | None, old_state:
                   release if release_early else None, digests=verify)
     for s in lp.steps:  # in key order; the layer orders them
         if s.op == "copy":
-            ex.copy(_cut(target(s.fqn), s.dim, s.new_at, s.length), _cut(old(s.fqn), s.dim, s.old_at, s.length), s.fqn)
+            ex.copy(_cut(target(s.fqn), s.new_at, s.lengths), _cut(old(s.fqn), s.old_at, s.lengths), s.fqn)
         elif s.op == "send":
-            ex.send(("new", s.dst), s.key, _cut(old(s.fqn), s.dim, s.old_at, s.length), s.fqn)
+            ex.send(("new", s.dst), s.key, _cut(old(s.fqn), s.old_at, s.lengths), s.fqn)
         else:
-            ex.recv(("old", s.src), s.key, lambda s=s: _cut(target(s.fqn), s.dim, s.new_at, s.length), s.nbytes,
+            ex.recv(("old", s.src), s.key, lambda s=s: _cut(target(s.fqn), s.new_at, s.lengths), s.nbytes,
                     s.whole)
     if release_early:  # a kept tensor leaves old_state too (it lives on in the result)
         for fqn in lp.old:
@@ -429,9 +457,9 @@ def _verify(ex, group) -> int:
         raise TransferError(f"{type(exc).__name__}: {exc}") from exc
     if int(flag.item()):
         here = ""
-        if bad:  # a transfer key: (fqn, dst, src, dim, lo, hi)
-            fqn, _dst, src, _dim, lo, hi = bad[0]
-            here = f"; here {fqn} rows {lo}:{hi} from old rank {src}"
+        if bad:  # a transfer key: (fqn, dst, src, box)
+            fqn, _dst, src, box = bad[0]
+            here = f"; here {fqn} [{', '.join(f'{lo}:{hi}' for lo, hi in box)}] from old rank {src}"
         raise MigrationMismatch(f"{int(flag.item())} transferred pieces differ from what was sent{here}; "
                                 "nothing adopted")
     return checked
@@ -439,6 +467,4 @@ def _verify(ex, group) -> int:
 
 def transfer_bytes(tr: Transfer, e: ShardEntry) -> int:
     """Bytes transfer `tr` moves into new piece `e`."""
-    if tr.dim is None:
-        return e.nbytes
-    return math.prod(tr.hi - tr.lo if d == tr.dim else s for d, s in enumerate(e.local_shape)) * DTYPE_BYTES[e.dtype]
+    return tr.numel * DTYPE_BYTES[e.dtype]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from migrate.layout import ModelSpec, ParallelConfig, TensorSpec
-from migrate.workload import Workload, class_workloads
+from migrate.workload import Workload, held_tensors, rank_workload  # noqa: F401 (this module's callers' names)
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -27,23 +27,6 @@ class LocalState:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for per in self.tensors.values() for t in per.values())
-
-
-def rank_workload(cfg: ParallelConfig, rank: int, layers: int, units: int) -> Workload:
-    pp, _dp, tp = cfg.coords(rank)
-    return class_workloads(cfg, layers, units)[pp * cfg.tp + tp]
-
-
-def held_tensors(model: ModelSpec, w: Workload) -> list[TensorSpec]:
-    """The tensors (in model order) a workload holds a piece of."""
-    out: list[TensorSpec] = []
-    if w.first:
-        out += model.embed_tensors()
-    for layer in range(w.layer_lo, w.layer_hi):
-        out += model.layer_tensors(layer)
-    if w.last:
-        out += model.head_tensors()
-    return out
 
 
 def shard_range(spec: TensorSpec, w: Workload) -> tuple[int, int]:

@@ -137,10 +137,16 @@ def _bytes(t: torch.Tensor) -> int:
 def narrow_is_contiguous(shape: tuple[int, ...], dim: int, length: int) -> bool:
     """Whether `t.narrow(dim, start, length)` of a contiguous tensor `t` of `shape` is contiguous,
     without a tensor: the cut spans the whole dimension, or every dimension before it has one index."""
-    outer = 1
-    for s in shape[:dim]:
-        outer *= s
-    return length == shape[dim] or outer <= 1 or length == 0
+    return view_is_contiguous(shape, tuple(length if d == dim else s for d, s in enumerate(shape)))
+
+
+def view_is_contiguous(shape: tuple[int, ...], lengths: tuple[int, ...]) -> bool:
+    """Whether the box of `lengths` elements along every dimension of a contiguous tensor of `shape` is a
+    contiguous view: empty, or, past its first dimension with more than one index, whole."""
+    if 0 in lengths:
+        return True
+    d = next((i for i, n in enumerate(lengths) if n > 1), len(lengths))
+    return all(n == s for n, s in zip(lengths[d + 1:], shape[d + 1:]))
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

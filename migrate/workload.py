@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from migrate.layout import ModelSpec, ParallelConfig
+from migrate.layout import ModelSpec, ParallelConfig, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,23 @@ def class_workloads(cfg: ParallelConfig, layers: int, units: int) -> list[Worklo
         Workload(p * per_stage, (p + 1) * per_stage, t * per_tp, (t + 1) * per_tp, units, p == 0, p == cfg.pp - 1)
         for p in range(cfg.pp) for t in range(cfg.tp)
     ]
+
+
+def rank_workload(cfg: ParallelConfig, rank: int, layers: int, units: int) -> Workload:
+    pp, _dp, tp = cfg.coords(rank)
+    return class_workloads(cfg, layers, units)[pp * cfg.tp + tp]
+
+
+def held_tensors(model: ModelSpec, w: Workload) -> list[TensorSpec]:
+    """The tensors (in model order) a workload holds a piece of."""
+    out: list[TensorSpec] = []
+    if w.first:
+        out += model.embed_tensors()
+    for layer in range(w.layer_lo, w.layer_hi):
+        out += model.layer_tensors(layer)
+    if w.last:
+        out += model.head_tensors()
+    return out
 
 
 class ByteModel:

@@ -34,7 +34,9 @@ def model_from_args(args: argparse.Namespace):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--from", dest="prev", required=True, metavar="LAYOUT", help="old layout, e.g. pp4tp2dp1")
+    p.add_argument("--from", dest="prev", required=True, metavar="LAYOUT",
+                   help="old layout, e.g. pp4tp2dp1, tp2fsdp4 (FSDP2 over 4 shards), tp2hsdp2x2 (HSDP: 2 replicas "
+                        "of 2 shards)")
     p.add_argument("--to", dest="curr", required=True, metavar="LAYOUT", help="new layout, e.g. pp6tp4dp1")
     p.add_argument("--gpus-per-node", default="8", metavar="N[,N...]",
                    help="GPUs per node (default 8), or one count per node for uneven nodes, e.g. 4,4,2,2 "
@@ -83,11 +85,13 @@ def render(p) -> str:
     """The plan as a person reads it: pairs and placement, per-device traffic, totals."""
     s = p.summary()
     send, recv = p._per_device("send", "src"), p._per_device("recv", "dst")
+    fsdp = p.curr.layout.fsdp > 1  # a column for the FSDP rank
     lines = [f"Migration {s['from']} -> {s['to']}  ({len(p.curr.devices)} ranks, planned in {s['plan_ms']:.2f} ms)", "",
-             " rank  pp dp tp  node:gpu      reuses      receives      sends"]
+             f" rank  pp dp {'fs ' if fsdp else ''}tp  node:gpu      reuses      receives      sends"]
     for row, (rank, old) in zip(s["placement"], s["pairs"]):
         dev = row["device"]
-        lines.append(f" {rank:4d}  {row['pp']:2d} {row['dp']:2d} {row['tp']:2d}  {row['node'] + ':' + str(row['gpu']):12s}"
+        fs = f"{row['fsdp']:2d} " if fsdp else ""
+        lines.append(f" {rank:4d}  {row['pp']:2d} {row['dp']:2d} {fs}{row['tp']:2d}  {row['node'] + ':' + str(row['gpu']):12s}"
                      f" {('dev ' + str(old)) if old is not None else 'new device':>10s}  {human_bytes(recv.get(dev, 0)):>10s}"
                      f"  {human_bytes(send.get(dev, 0)):>10s}")
     departing = sorted(set(send) - set(p.curr.devices))
@@ -102,8 +106,8 @@ def render(p) -> str:
               f"with TP groups anywhere",
               f"one full replica  {human_bytes(s['bytes_state_total'])}",
               f"busiest device    sends {human_bytes(s['max_device_send_bytes'])}, receives {human_bytes(s['max_device_recv_bytes'])}",
-              f"instructions      {s['instruction_counts']['send']} send / {s['instruction_counts']['recv']} recv / "
-              f"{s['instruction_counts']['refer']} refer",
+              f"{'pieces' if s.get('by_manifest') else 'instructions':18s}{s['instruction_counts']['send']} send / "
+              f"{s['instruction_counts']['recv']} recv / {s['instruction_counts']['refer']} refer",
               f"nodes released    {', '.join(s['nodes_released']) or 'none'}",
               f"placement         {s['placement_rule']}"]
     lines += [f"note: {n}" for n in s["notes"]]

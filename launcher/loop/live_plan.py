@@ -40,8 +40,8 @@ def choose(devices: int, tp_fit: int, layouts, model):
 
 
 def shape(layout) -> str:
-    """What a layout's state manifests depend on: its pipeline and TP sizes (not DP: replicas)."""
-    return f"pp{layout.pp}tp{layout.tp}"
+    """What a layout's state manifests depend on: its pipeline, TP and FSDP sizes (not DP: replicas)."""
+    return f"pp{layout.pp}tp{layout.tp}" + (f"fsdp{layout.fsdp}" if layout.fsdp > 1 else "")
 
 
 def shapes(opts, tp_fit: int, largest_node: int) -> list[str]:
@@ -60,7 +60,7 @@ def shapes(opts, tp_fit: int, largest_node: int) -> list[str]:
 
 
 def class_manifests(spec: dict | None, layout) -> list:
-    """The manifest of each class (pp rank * tp + tp rank) of `layout`, as the workers offered them in
+    """The manifest of each class (migrate.layout.ParallelConfig.class_of) of `layout`, as the workers offered them in
     their model spec `spec` (launcher.runtime.join, for the shapes of control.KEY_SHAPES)."""
     got = (spec or {}).get("manifests", {}).get(shape(layout))
     if got is None:
@@ -71,7 +71,7 @@ def class_manifests(spec: dict | None, layout) -> list:
 def rank_manifests(spec: dict | None, layout) -> list:
     """One manifest per rank of `layout` (DP replicas hold their class's)."""
     classes = class_manifests(spec, layout)
-    return [classes[layout.coords(r)[0] * layout.tp + layout.coords(r)[2]] for r in range(layout.world_size)]
+    return [classes[c] for c in layout.class_list()]
 
 
 def placement(spec: dict | None, topology, rule: str, layout, prev, target: list[str], failed=frozenset(),

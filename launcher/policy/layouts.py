@@ -34,9 +34,9 @@ def _tp_room(cfg: ParallelConfig, gpus_per_node: int | Sequence[int]) -> str | N
     if cfg.tp > max(sizes, default=0):
         return f"{cfg}: tp={cfg.tp} does not fit inside any node (the largest has {max(sizes, default=0)} GPUs)"
     groups = sum(s // cfg.tp for s in sizes)
-    if groups < cfg.pp * cfg.dp:
+    if groups < cfg.groups * cfg.dp:
         return (f"{cfg}: nodes of {','.join(map(str, sizes))} GPUs seat only {groups} TP groups of {cfg.tp} "
-                f"inside a node, {cfg.pp * cfg.dp} needed")
+                f"inside a node, {cfg.groups * cfg.dp} needed")
     return None
 
 

@@ -38,17 +38,16 @@ class Survival:
                 **({} if self.batch is None else {"batch": self.batch})}
 
 
-def holders(layout, devices: Sequence[int]) -> dict[tuple[int, int], set[int]]:
-    """(pp, tp) slice -> the devices that hold it."""
-    out: dict[tuple[int, int], set[int]] = {}
+def holders(layout, devices: Sequence[int]) -> dict[int, set[int]]:
+    """class (a (pp, fsdp, tp) slice: migrate.layout.ParallelConfig.class_of) -> the devices that hold it."""
+    out: dict[int, set[int]] = {}
     for rank, dev in enumerate(devices):
-        pp, _dp, tp = layout.coords(rank)
-        out.setdefault((pp, tp), set()).add(dev)
+        out.setdefault(layout.class_of(rank), set()).add(dev)
     return out
 
 
 def covered(layout, devices: Sequence[int], lost) -> bool:
-    """True when every (pp, tp) slice of `layout` on `devices` keeps a holder outside the devices `lost`."""
+    """True when every class of `layout` on `devices` keeps a holder outside the devices `lost`."""
     return all(held - set(lost) for held in holders(layout, devices).values())
 
 
@@ -72,8 +71,8 @@ def survives_node_loss(layout, sizes: Sequence[int], placement: str) -> bool:
     then seat k * dp groups too: min(c, k x) >= k / pp * min(c, pp x)). When none exists, no placement
     at all survives (that is what such a placement is)."""
     if placement == "resilient":
-        cap = layout.pp * (layout.dp - 1)
-        return layout.dp >= 2 and sum(min(s // layout.tp, cap) for s in sizes) >= layout.pp * layout.dp
+        cap = layout.groups * (layout.dp - 1)
+        return layout.dp >= 2 and sum(min(s // layout.tp, cap) for s in sizes) >= layout.groups * layout.dp
     devices = range(layout.world_size)
     node_of = {d: f"n{i}" for i, size in enumerate(sizes) for d in range(sum(sizes[:i]), sum(sizes[:i]) + size)}
     return survival(layout, devices, node_of).node

@@ -36,6 +36,10 @@ class Builder:
             from torch.distributed.tensor.parallel import parallelize_module
 
             module = parallelize_module(module, lay.tp_mesh, plan)
+        if lay.fsdp > 1:  # FSDP2 over the TP shards (torchtitan's order), the whole stage as one unit
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(module, mesh=lay.fsdp_mesh)
         opt = self.build_opt(module.parameters())
         # create the optimizer's state now (a step with zero gradients), so it can be filled and moved
         saved = None if local is not None else {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -61,7 +65,7 @@ class Builder:
         return self.build_opt([torch.nn.Parameter(torch.zeros(1))])
 
     def class_manifests(self, layout: str) -> list:
-        """The manifest of each class (pp rank * tp + tp rank) of `layout`: the stages built on the meta
+        """The manifest of each class (migrate.layout.ParallelConfig.class_of) of `layout`: the stages built on the meta
         device, or the script's `manifest` producer (DP replicas hold their class's); no process needs
         to hold the layout."""
         from migrate.layout import ParallelConfig
@@ -80,4 +84,4 @@ class Builder:
         if layout not in self._mcache:
             self._mcache[layout] = self.class_manifests(layout)
         cfg, classes = ParallelConfig.parse(layout), self._mcache[layout]
-        return [classes[cfg.coords(r)[0] * cfg.tp + cfg.coords(r)[2]] for r in range(cfg.world_size)]
+        return [classes[c] for c in cfg.class_list()]

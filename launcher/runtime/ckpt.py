@@ -2,8 +2,9 @@
 
 What is written is this rank's manifest (migrate.manifest), piece by piece: every tensor of the
 model's `state_dict` and the optimizer's per-parameter state (`optim.state.<fqn>.<key>`), as a
-DTensor on the stage's (dp, tp) mesh -- Replicate over DP, Shard(dim) over TP where the manifest
-cuts it -- so DCP writes each piece once and a load on another layout reads only the slices it
+DTensor on the stage's (dp, fsdp, tp) mesh -- Replicate over DP, Shard(dim) over TP and FSDP where the
+manifest cuts it (FSDP2's cut of a TP shard's dim 0 as FSDP2 places it, _StridedShard) -- so DCP writes
+each piece once and a load on another layout reads only the slices it
 needs (a job suspended on tp2dp2 resumes on tp2dp1). This holds the same for DTensor models
 (parallelize_module) and for models that shard themselves (the reference GPT's plain local shards),
 because both are described by their manifest; with pipeline parallelism each stage writes the FQNs
@@ -40,17 +41,32 @@ def failures() -> tuple[type[BaseException], ...]:
     return (Exception, CheckpointException)
 
 
+def placements(e, tp: int) -> tuple:
+    """Where piece `e` (migrate.manifest.ShardEntry) lies on a stage's (dp, fsdp, tp) mesh of TP size `tp`."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    out: list = [Replicate(), Replicate(), Replicate()]
+    tp_dims = set()
+    for i, (dim, _index, _count) in enumerate(e.cuts):
+        axis = e.axis_of(i)
+        if axis == "tp":
+            tp_dims.add(dim)
+        out[{"fsdp": 1, "tp": 2}[axis]] = _StridedShard(dim, split_factor=tp) if axis == "fsdp" and dim in tp_dims \
+            else Shard(dim)
+    return tuple(out)
+
+
 def _pieces(local: Mapping[str, object], manifest, mesh, copy: bool = False) -> dict:
-    """FQN -> DTensor over `mesh` (dims dp, tp) wrapping this rank's local tensor (no copy), or with
+    """FQN -> DTensor over `mesh` (dims dp, fsdp, tp) wrapping this rank's local tensor (no copy), or with
     copy=True a copy of it in host memory that training may not change (a background write's input)."""
     import torch
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor
 
     out = {}
     for e in manifest.entries:
         shape = torch.Size(e.shape)
-        placements = (Replicate(), Replicate() if e.dim is None else Shard(e.dim))
-        t = DTensor.from_local(local[e.fqn], mesh, placements, run_check=False, shape=shape,
+        t = DTensor.from_local(local[e.fqn], mesh, placements(e, mesh.size(2)), run_check=False, shape=shape,
                                stride=torch.empty(shape, device="meta").stride())
         if copy:  # on a GPU straight to host memory; 0-dim ones too (Adam's step is updated in place)
             t = t.detach().clone() if t.device.type == "cpu" else t.detach().to("cpu")

@@ -8,7 +8,8 @@ model has: each rank adds up |g|^p over its local tensors; the pieces of a TP-sh
 with a Shard placement, or a plain tensor the rank's manifest says is a TP shard, for a model that shards
 itself) are summed over the TP group, a replicated tensor counts once (every TP rank holds the same); the
 stages' sums are added over the pipeline group; DP replicas hold the same gradients after
-reduce_gradients, so nothing is summed over DP. For norm_type inf the maximum replaces the sums.
+reduce_gradients, so nothing is summed over DP. Under FSDP every rank holds a different shard of every
+gradient (FSDP2 reduce-scatters them in backward): the sums are added over the FSDP group too. For norm_type inf the maximum replaces the sums.
 Then every gradient is scaled by min(1, max_norm / (total + 1e-6)), torch's rule.
 """
 from __future__ import annotations
@@ -20,10 +21,11 @@ from launcher.runtime.state import to_local
 
 
 def average_over_dp(params: Iterable, layout) -> None:
-    """Average the gradients of `params` over `layout`'s DP replicas (all-reduce, then divide)."""
+    """Average the gradients of `params` over `layout`'s DP replicas (all-reduce, then divide); under FSDP
+    (HSDP too) FSDP2 did it in backward."""
     import torch.distributed as dist
 
-    if layout.dp == 1:
+    if layout.dp == 1 or layout.fsdp > 1:
         return
     for p in params:
         if p.grad is not None:
@@ -72,6 +74,8 @@ def _global_norm(locals_: list, p: float, layout):
     if layout.tp > 1:
         dist.all_reduce(sharded, op=op, group=layout.mesh.get_group("tp"))
     total = torch.maximum(sharded, whole) if inf else sharded + whole
+    if layout.fsdp > 1:
+        dist.all_reduce(total, op=op, group=layout.mesh.get_group("fsdp"))
     if layout.pp > 1:
         dist.all_reduce(total, op=op, group=layout.pp_group)
     return total if inf else total.pow(1.0 / p)
@@ -84,14 +88,17 @@ def _local(t):
 
 
 def _sharded(name: str, grad, pieces) -> bool:
-    """Whether this rank holds a TP piece of `name`'s gradient (rather than the whole of it)."""
+    """Whether this rank holds a TP piece of `name`'s gradient (rather than the whole of it, or only its
+    FSDP shard: summed over the FSDP group with everything else)."""
     from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard  # FSDP2's over a TP shard's dim 0
 
     if isinstance(grad, DTensor):
+        names = grad.device_mesh.mesh_dim_names or ()
         for placement in grad.placements:
-            if not (isinstance(placement, Shard) or placement.is_replicate()):
+            if not (isinstance(placement, (Shard, _StridedShard)) or placement.is_replicate()):
                 raise ValueError(f"clip_grad_norm_: {name}'s gradient has placement {placement} (Shard or "
                                  "Replicate expected: call it after backward, before optimizer.step)")
-        return any(isinstance(pl, Shard) for pl in grad.placements)
+        return any(isinstance(pl, Shard) and (not names or names[i] == "tp") for i, pl in enumerate(grad.placements))
     entry = pieces.get(name)
     return entry is not None and entry.dim is not None and entry.count > 1

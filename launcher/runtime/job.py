@@ -165,7 +165,7 @@ class Job:
             self._saved = self.step
             with self.guard():
                 self.safety.start(self.step, self.layout.rank, state_views(self.model, self.optimizer),
-                                  self._my_manifest(), self.layout.dp_tp_mesh, self.carried)
+                                  self._my_manifest(), self.layout.stage_mesh, self.carried)
 
     def _vote(self) -> None:
         """The optimizer's pre-step hook: apply this step only if every rank of the world does."""
@@ -243,7 +243,7 @@ class Job:
             t0 = time.perf_counter()
             try:
                 self.step = self._committed = self._saved = runtime_ckpt.load(
-                    path, state_views(self.model, self.optimizer), self._my_manifest(), self.layout.dp_tp_mesh,
+                    path, state_views(self.model, self.optimizer), self._my_manifest(), self.layout.stage_mesh,
                     self.carried)
             except runtime_ckpt.failures() as exc:
                 self.ctl.set_result(ev["epoch"], self.device, {"ok": False, "error": f"device {self.device}: "

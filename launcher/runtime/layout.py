@@ -1,8 +1,12 @@
-"""PUBLIC (through launcher.runtime): where one live-mode worker stands in a PP x DP x TP layout.
+"""PUBLIC (through launcher.runtime): where one live-mode worker stands in a PP x DP x FSDP x TP layout.
 
 A layout `ppPtpTdpD` has P pipeline stages, each replicated D times (DP), each replica cut T ways
-(TP). Ranks follow Megatron's order (migrate.layout.ParallelConfig): TP fastest, then DP, then
-PP, so rank = (pp_rank * dp + dp_rank) * tp + tp_rank, and the ranks of one stage are contiguous.
+(TP); `fsdpF` shards each replica's parameters, gradients and optimizer state F ways more (FSDP2's
+`fully_shard`, applied by the runtime after the TP plan), `hsdpDxF` is D replicas of F shards (HSDP).
+Ranks follow torchtitan's mesh order [pp, dp, fsdp, tp] (migrate.layout.ParallelConfig): TP
+fastest, then FSDP, then DP, then PP, so rank = ((pp_rank * dp + dp_rank) * fsdp + fsdp_rank) * tp +
+tp_rank, and the ranks of one stage are contiguous. The batch is split dp * fsdp ways
+(`data_size`, `data_rank`): FSDP ranks train different data, like DP replicas.
 
 The script builds ITS STAGE of the model for a layout (the `model(layout)` builder of
 `runtime.join`). The recommended way, torchtitan's: build the whole model with the same seed on
@@ -21,8 +25,9 @@ from dataclasses import dataclass
 
 @dataclass
 class Layout:
-    """This process's place in the running layout: sizes `pp`, `tp`, `dp`, its `rank` in `world_size`,
-    and `mesh`, the (pp, dp, tp) DeviceMesh (dims named "pp", "dp", "tp"; None on the meta device)."""
+    """This process's place in the running layout: sizes `pp`, `tp`, `dp`, `fsdp`, its `rank` in
+    `world_size`, and `mesh`, the (pp, dp, fsdp, tp) DeviceMesh (dims named "pp", "dp", "fsdp", "tp";
+    None on the meta device)."""
 
     pp: int
     tp: int
@@ -30,19 +35,35 @@ class Layout:
     rank: int
     world_size: int
     mesh: object = None
+    fsdp: int = 1
 
     @property
     def tp_rank(self) -> int:
         return self.rank % self.tp
 
     @property
+    def fsdp_rank(self) -> int:
+        return (self.rank // self.tp) % self.fsdp
+
+    @property
     def dp_rank(self) -> int:
-        return (self.rank // self.tp) % self.dp
+        """This process's DP replica (FSDP ranks of one replica share it: see data_rank)."""
+        return (self.rank // (self.tp * self.fsdp)) % self.dp
+
+    @property
+    def data_size(self) -> int:
+        """How many ways the batch is split: dp * fsdp."""
+        return self.dp * self.fsdp
+
+    @property
+    def data_rank(self) -> int:
+        """Which part of the batch this rank trains on, of `data_size` (the same on every TP rank)."""
+        return self.dp_rank * self.fsdp + self.fsdp_rank
 
     @property
     def pp_rank(self) -> int:
         """This process's pipeline stage (0 = the first)."""
-        return self.rank // (self.tp * self.dp)
+        return self.rank // (self.tp * self.fsdp * self.dp)
 
     @property
     def is_first_stage(self) -> bool:
@@ -56,25 +77,30 @@ class Layout:
     def prev_rank(self) -> int | None:
         """Global rank of the previous stage's process with this DP and TP rank (None on the first stage):
         where activations come from and gradients go to."""
-        return None if self.is_first_stage else self.rank - self.tp * self.dp
+        return None if self.is_first_stage else self.rank - self.tp * self.fsdp * self.dp
 
     @property
     def next_rank(self) -> int | None:
         """Global rank of the next stage's process with this DP and TP rank (None on the last stage)."""
-        return None if self.is_last_stage else self.rank + self.tp * self.dp
+        return None if self.is_last_stage else self.rank + self.tp * self.fsdp * self.dp
 
     @property
     def tp_mesh(self):
         return self.mesh["tp"]
 
     @property
-    def dp_tp_mesh(self):
-        """The (dp, tp) mesh of this rank's stage (checkpoints place its pieces on it)."""
-        return self.mesh["dp", "tp"]
+    def stage_mesh(self):
+        """The (dp, fsdp, tp) mesh of this rank's stage (checkpoints place its pieces on it)."""
+        return self.mesh["dp", "fsdp", "tp"]
 
     @property
     def dp_group(self):
         return self.mesh.get_group("dp")
+
+    @property
+    def fsdp_mesh(self):
+        """The mesh FSDP2 shards over: ("fsdp",), or ("dp", "fsdp") for HSDP (replicate, shard)."""
+        return self.mesh["dp", "fsdp"] if self.dp > 1 else self.mesh["fsdp"]
 
     @property
     def pp_group(self):
@@ -88,18 +114,18 @@ class Layout:
 
     @property
     def name(self) -> str:
-        return f"pp{self.pp}tp{self.tp}dp{self.dp}"
+        return f"pp{self.pp}tp{self.tp}dp{self.dp}" + (f"fsdp{self.fsdp}" if self.fsdp > 1 else "")
 
 
 def parse_layout(text: str, rank: int, world: int) -> Layout:
     from migrate.layout import ParallelConfig
 
     cfg = ParallelConfig.parse(text)
-    return Layout(cfg.pp, cfg.tp, cfg.dp, rank, world)
+    return Layout(cfg.pp, cfg.tp, cfg.dp, rank, world, fsdp=cfg.fsdp)
 
 
 def device_mesh(lay: Layout):
-    """The (pp, dp, tp) CPU DeviceMesh of the current world (every rank calls it). Each process forms
+    """The (pp, dp, fsdp, tp) CPU DeviceMesh of the current world (every rank calls it). Each process forms
     only the groups it is in, synchronised with their members alone (new_group's
     use_local_synchronization): init_device_mesh forms every group of every dimension on every process,
     each behind a barrier of the whole world, which inside a migration's pause cost 0.16 s of 32
@@ -109,7 +135,7 @@ def device_mesh(lay: Layout):
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    grid = torch.arange(lay.world_size).view(lay.pp, lay.dp, lay.tp)
+    grid = torch.arange(lay.world_size).view(lay.pp, lay.dp, lay.fsdp, lay.tp)
     made: dict[tuple[int, ...], object] = {}
     groups = []
     for dim, size in enumerate(grid.shape):
@@ -119,7 +145,7 @@ def device_mesh(lay: Layout):
             made[ranks] = dist.group.WORLD if size == lay.world_size else \
                 dist.new_group(list(ranks), use_local_synchronization=True)
         groups.append(made[ranks])
-    return DeviceMesh.from_group(groups, "cpu", mesh=grid, mesh_dim_names=("pp", "dp", "tp"))
+    return DeviceMesh.from_group(groups, "cpu", mesh=grid, mesh_dim_names=("pp", "dp", "fsdp", "tp"))
 
 
 def keep_stage_blocks(blocks, layout: Layout) -> None:

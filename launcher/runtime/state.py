@@ -9,13 +9,13 @@ from collections.abc import Mapping
 
 def on_meta(build, lay, tp_plan: Mapping):
     """`build(lay)` on the meta device, for a migration to fill with the state it received (assemble),
-    or None where that is not safe: a TP plan to apply (DTensor), another backend than gloo, a tensor
+    or None where that is not safe: a TP plan to apply or FSDP (DTensor), another backend than gloo, a tensor
     the state dict does not carry (a plain tensor attribute, a non-persistent buffer: no load fills
     it), or a tensor under two names (tied weights: assigning each name its own tensor unties them)."""
     import torch
     import torch.distributed as dist
 
-    if dist.is_initialized() and dist.get_backend() != "gloo":
+    if dist.is_initialized() and dist.get_backend() != "gloo" or lay.fsdp > 1:
         return None
     with torch.device("meta"):
         module = build(lay)

@@ -18,7 +18,7 @@ def suspend(job, ev: dict) -> bool:
         if not job.ckpt_dir:
             raise RuntimeError(f"${ENV_CKPT_DIR} is unset")
         path = runtime_ckpt.save(job.ckpt_dir, state_views(job.model, job.optimizer), job.builder.manifests(
-            job.layout.name)[job.layout.rank], job.layout.dp_tp_mesh, job.carried, job.step, job.layout.rank)
+            job.layout.name)[job.layout.rank], job.layout.stage_mesh, job.carried, job.step, job.layout.rank)
         result.update(ok=True, path=path, phases={"other": time.perf_counter() - t0})
         job.log(f"suspended: state of step {job.step} written to {path}")
     except runtime_ckpt.failures() as exc:

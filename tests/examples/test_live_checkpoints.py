@@ -5,8 +5,9 @@
     ($ELASTIC_FAULT=1:ckpt:4) inside the background write of step 4's checkpoint, after its own files,
     before the metadata. Step 4's folder never becomes a `step-4`, so the launcher restores the job on the
     node left (pp1) from step 2's, the newest complete one; the steps since run again.
-  * tensor + data parallel (examples/mixer_live.py, tp2dp2) and pipeline + data parallel
-    (examples/pipeline_live.py, pp2dp2: each stage writes its own names) on 2 x 2: checkpoints written
+  * tensor + data parallel (examples/mixer_live.py, tp2dp2), pipeline + data parallel
+    (examples/pipeline_live.py, pp2dp2: each stage writes its own names) and FSDP2 x TP
+    (examples/titan_live.py, tp2fsdp2: every piece a quarter of its tensor) on 2 x 2: checkpoints written
     while training goes on hold exactly the state of their step.
   * the reference GPT through the API (tests/examples/gpt_script.py: a model that shards itself and gives
     its manifest): tp2 with safety checkpoints, then `elastic-launch --resume` on one device goes on from
@@ -131,7 +132,8 @@ def test_pipeline_worker_killed_inside_the_background_write_restores_the_newest_
 
 
 @pytest.mark.parametrize("script, layout, name", [("examples/mixer_live.py", "tp2dp2", "pp1tp2dp2"),
-                                                   ("examples/pipeline_live.py", "pp2dp2", "pp2tp1dp2")])
+                                                   ("examples/pipeline_live.py", "pp2dp2", "pp2tp1dp2"),
+                                                   ("examples/titan_live.py", "tp2fsdp2", "pp1tp2dp1fsdp2")])
 def test_checkpoints_written_in_the_background_hold_their_step(tmp_path: Path, script: str, layout: str,
                                                                name: str) -> None:
     steps, dump = 9, tmp_path / "dump"
@@ -185,3 +187,36 @@ def test_recovery_from_replicas_while_a_background_write_is_in_flight(tmp_path: 
         state, step, extras = _read_back(tmp_path / "ck" / f"step-{s}", tmp_path)
         assert step == s and extras == {"data": {"samples": BATCH * s}}
         _same(state, torch.load(dump / f"after-{s}.pt"), f"step-{s}")
+
+
+def test_fsdp_without_replicas_restores_a_lost_shard_from_its_checkpoint(tmp_path: Path) -> None:
+    """FSDP2 x TP (examples/titan_live.py, tp2fsdp2 on 2 x 2) holds each piece once: once step 4's checkpoint is
+    on disk the test SIGKILLs device 3's worker; its quarter of the state has no other holder, so the launcher
+    restores the job from the newest complete checkpoint. The state the step after it starts from again is,
+    bit for bit, the whole state that checkpoint's step left (the script's own full_tensor dumps), and every
+    step after it runs again."""
+    from tests.examples.harness import assert_state_carried, kill_worker, wait
+
+    steps, dump, log = 10, tmp_path / "dump", tmp_path / "steps.log"
+    dump.mkdir()
+
+    def drive(alive) -> None:
+        wait(lambda: (tmp_path / "ck" / "step-4").is_dir(), 120, "step 4's checkpoint", alive)
+        kill_worker(tmp_path, 3)
+
+    out = run_local(tmp_path, ["--job-name", "ck", "--checkpoint-dir", str(tmp_path / "ck"), "--nnodes", "2",
+                               "--gpus-per-node", "2", "--layouts", "tp2fsdp2", "--checkpoint-every", "2"],
+                    [str(ROOT / "examples/titan_live.py"), "--log", str(log), "--steps", str(steps), "--dump-dir",
+                     str(dump), "--step-sleep", "0.3"], drive)
+    rows = mixer_rows(log)
+    store = Store(f"sqlite:///{tmp_path}/e.db")
+    (m,) = store.recent_migrations(store.find_job("ck").id, limit=10)
+    assert (m.trigger, m.status, m.from_layout, m.to_layout) == \
+        ("failure", "succeeded", "pp1tp2dp1fsdp2", "pp1tp2dp1fsdp2"), (m, out)
+    at = m.at_step
+    assert at >= 4 and m.error.startswith(f"restored from checkpoint at step {at}:"), m
+    cut = next(i for i in range(1, len(rows)) if rows[i][0] <= rows[i - 1][0])  # where the steps begin again
+    assert [r[0] for r in rows[:cut]] == list(range(1, cut + 1)) and [r[0] for r in rows[cut:]] == \
+        list(range(at + 1, steps + 1)), rows
+    assert [r[2] for r in rows] == [8 * s for s, *_ in rows]  # the data position came back with the state
+    assert_state_carried(dump, steps)  # step at+1 began from step at's state, restored from the checkpoint

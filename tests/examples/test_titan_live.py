@@ -1,6 +1,7 @@
-"""examples/titan_live.py (a torchtitan-shaped script: Llama-style blocks with torchtitan's TP plan, DP, AdamW
+"""examples/titan_live.py (a torchtitan-shaped script: Llama-style blocks with torchtitan's TP plan, FSDP2, AdamW
 with weight-decay groups, warm-up + cosine LambdaLR, gradient clipping) under `elastic-launch --backend
-local`, shrunk from tp2dp2 to tp2dp1 and grown back live. Oracles: the same script run without a resize,
+local`, shrunk from FSDP2 x TP (tp2fsdp2: every parameter and AdamW moment a quarter per rank) to tp2dp1 and
+grown back live. Oracles: the same script run without a resize,
 and the schedule stepped alone in this process. Every step runs once; its lr is the schedule's bit for bit;
 its loss is the uninterrupted run's bit for bit up to the first migration and after it within float noise
 (on dp1 the gradient is summed in another order), and so is the clipped gradient norm."""
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.examples.harness import mixer_rows, run_local, shrink_and_grow
+from tests.examples.harness import assert_state_carried, mixer_rows, run_local, shrink_and_grow
 from tests.paths import ROOT
 
 STEPS = 30
@@ -32,13 +33,17 @@ def _example():
 def test_a_torchtitan_shaped_script_shrinks_and_grows_on_its_schedule(tmp_path: Path) -> None:
     ref = tmp_path / "ref"
     ref.mkdir()
-    run_local(ref, ["--gpus-per-node", "2", "--layouts", "tp2dp2,tp2dp1", "--job-name", "ref"],
+    run_local(ref, ["--gpus-per-node", "2", "--layouts", "tp2fsdp2,tp2dp1", "--job-name", "ref"],
               ["titan_live.py", "--steps", str(STEPS), "--log", str(ref / "steps.log"), "--lr-log", str(ref / "lr.log")],
               lambda alive: None)
     want, want_lr = mixer_rows(ref / "steps.log"), _lr_rows(ref / "lr.log")
-    assert [r[0] for r in want] == list(range(1, STEPS + 1)) and {r[1] for r in want} == {"pp1tp2dp2"}
-    rows = shrink_and_grow(tmp_path, "titan", "tp2dp2,tp2dp1", "pp1tp2dp1", "titan_live.py",
-                           ["--steps", str(STEPS), "--lr-log", str(tmp_path / "lr.log"), "--step-sleep", "0.5"])
+    assert [r[0] for r in want] == list(range(1, STEPS + 1)) and {r[1] for r in want} == {"pp1tp2dp1fsdp2"}
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    rows = shrink_and_grow(tmp_path, "titan", "tp2fsdp2,tp2dp1", "pp1tp2dp1", "titan_live.py",
+                           ["--steps", str(STEPS), "--lr-log", str(tmp_path / "lr.log"), "--step-sleep", "0.5",
+                            "--dump-dir", str(dump)])
+    assert_state_carried(dump, STEPS)  # every parameter and AdamW moment, whole (full_tensor), across both moves
     got_lr = _lr_rows(tmp_path / "lr.log")
     assert [r[0] for r in rows] == list(range(1, STEPS + 1)), rows  # every step once
     assert [r[2] for r in rows] == [8 * s for s in range(1, STEPS + 1)]  # the data position travelled

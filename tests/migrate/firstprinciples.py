@@ -31,15 +31,16 @@ class Gpt:
         return out + [("lnf.w", "head", -1, (h,), None), ("lnf.b", "head", -1, (h,), None),
                       ("lm", "head", -1, (v, h), 0)]
 
+    def stage_tensors(self, pp: int, npp: int) -> list:
+        """The tensors() stage `pp` of `npp` holds: the embedding first, the head last, layers evenly."""
+        per_stage = self.layers // npp
+        return [t for t in self.tensors() if (t[1] == "embed" and pp == 0) or (t[1] == "head" and pp == npp - 1)
+                or (t[1] == "layer" and pp * per_stage <= t[2] < (pp + 1) * per_stage)]
+
     def held(self, pp: int, tp: int, npp: int, ntp: int) -> dict[str, tuple[int, int, int]]:
         """Global slice of each tensor held by rank (pp, tp): name -> (lo, hi, elements per index)."""
         out = {}
-        per_stage = self.layers // npp
-        for name, block, layer, shape, dim in self.tensors():
-            mine = (block == "embed" and pp == 0) or (block == "head" and pp == npp - 1) or \
-                (block == "layer" and pp * per_stage <= layer < (pp + 1) * per_stage)
-            if not mine:
-                continue
+        for name, _block, _layer, shape, dim in self.stage_tensors(pp, npp):
             numel = math.prod(shape)
             if dim is None:
                 out[name] = (0, 1, numel)
@@ -69,3 +70,29 @@ def lacking(want: dict, have: dict) -> int:
             keep = max(0, min(hi, h_hi) - max(lo, h_lo))
         total += (hi - lo - keep) * per
     return total * BYTES_PER_ELEMENT
+
+
+def fsdp_masks(gpt: Gpt, pp: int, f: int, tp: int, npp: int, nf: int, ntp: int) -> dict:
+    """Which elements of each tensor rank (pp, fsdp f, tp) holds under FSDP2 x TP, as numpy masks: the TP
+    slice of its split dim, then FSDP2's cut of dim 0 of that TP piece into `nf` (dims divide evenly)."""
+    import numpy as np
+
+    out = {}
+    for name, _block, _layer, shape, dim in gpt.stage_tensors(pp, npp):
+        bounds = [[0, n] for n in shape]
+        if dim is not None:
+            n = shape[dim]
+            assert n % ntp == 0
+            bounds[dim] = [tp * n // ntp, (tp + 1) * n // ntp]
+        lo, hi = bounds[0]
+        assert (hi - lo) % nf == 0
+        bounds[0] = [lo + f * (hi - lo) // nf, lo + (f + 1) * (hi - lo) // nf]
+        m = np.zeros(shape, dtype=bool)
+        m[tuple(slice(a, b) for a, b in bounds)] = True
+        out[name] = m
+    return out
+
+
+def lacking_masks(want: dict, have: dict) -> int:
+    """Bytes of `want` (fsdp_masks) that `have` does not hold."""
+    return sum(int((m & ~have[n]).sum()) if n in have else int(m.sum()) for n, m in want.items()) * BYTES_PER_ELEMENT

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from migrate.layout import ModelSpec, ParallelConfig
+from migrate.layout import LayoutError, ModelSpec, ParallelConfig
 from migrate.manifest import (
     Manifest, ManifestError, ShardEntry, class_cost, gpt_manifest, layout_manifests, meta_module, module_manifest,
     plan_manifest,
@@ -184,3 +184,67 @@ def test_stage_manifests_of_pp_layouts_hold_each_stage_once_and_move_only_what_c
     moved = [t for t in plan_transfers(old, new, {0: 0}) if t.src != 0]
     assert moved and {t.src for t in moved} == {1}
     assert sum(whole[t.fqn] for t in moved) == sum(v for k, v in whole.items() if k.startswith(("blocks.2", "blocks.3", "head")))
+
+
+def _real_fsdp_manifest(rank: int, port: int, q) -> None:
+    """Rank `rank` of FSDP2 x TP (tp2fsdp2: mesh (fsdp, tp)) as torchtitan builds it: the TP plan, then
+    fully_shard over the fsdp dimension; its manifest, and every piece it holds beside the whole tensor."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("fsdp", "tp"))
+    torch.manual_seed(0)
+    model = parallelize_module(Mixer(8, 10), mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["fsdp"])
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    pieces = {k: (v.to_local().numpy().copy(), v.full_tensor().numpy().copy())
+              for k, v in model.state_dict().items() if isinstance(v, DTensor)}
+    q.put((rank, (module_manifest(model, opt).to_list(), pieces)))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_meta_manifest_of_fsdp2_over_tp_is_what_fully_shard_holds() -> None:
+    """tp2fsdp2 of a Mixer with an uneven FSDP cut (up's 10 rows: 5 per TP rank, 3 + 2 per FSDP rank): the
+    meta-device manifest (plan_manifest with fsdp) names, for every parameter and AdamW moment, the very box
+    real fully_shard'ed processes hold; the oracle for the box is the data: the local tensor equals that box
+    of DTensor.full_tensor()."""
+    import functools
+
+    from tests.migrate.spawned import run_spawned
+
+    got = run_spawned(_real_fsdp_manifest, 4)
+    cfg = ParallelConfig.parse("tp2fsdp2")
+    adamw = lambda params: torch.optim.AdamW(params)  # noqa: E731
+    for r in range(4):
+        entries, pieces = got[r]
+        real = {e.fqn: e for e in Manifest.from_list(entries).entries}
+        meta = {e.fqn: e for e in plan_manifest(meta_module(functools.partial(Mixer, 8, 10)), TP_PLAN, 2,
+                                                cfg.coords(r)[2], adamw, 2, cfg.fsdp_rank(r)).entries}
+        assert {k: (e.shape, e.dtype, e.box) for k, e in real.items()} == \
+            {k: (e.shape, e.dtype, e.box) for k, e in meta.items()}
+        assert meta["up.weight"].local_shape == ((3, 8) if cfg.fsdp_rank(r) == 0 else (2, 8))
+        assert meta["down.weight"].local_shape == (4, 5)  # rows by FSDP, columns by TP
+        for k, (local, full) in pieces.items():
+            box = tuple(slice(lo, hi) for lo, hi in meta[k].box)
+            np.testing.assert_array_equal(local, full[box], err_msg=f"rank {r} {k}")
+
+
+def test_layout_grammar_names_fsdp_and_hsdp() -> None:
+    assert ParallelConfig.parse("pp2tp2fsdp4") == ParallelConfig(pp=2, tp=2, fsdp=4)
+    assert ParallelConfig.parse("tp2hsdp2x2") == ParallelConfig(tp=2, dp=2, fsdp=2)
+    cfg = ParallelConfig.parse("tp2hsdp2x2")
+    assert str(cfg) == "pp1tp2dp2fsdp2" and ParallelConfig.parse(str(cfg)) == cfg and cfg.world_size == 8
+    # torchtitan's mesh order [pp, dp_replicate, dp_shard, tp]: a class (pp, fsdp, tp) and its DP replicas
+    assert cfg.class_list() == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert [cfg.class_rank(c, 1) for c in range(4)] == [4, 5, 6, 7]
+    for bad in ("hsdp2", "fsdp2x2", "dp2hsdp2x2", "tp2fs"):
+        with pytest.raises(LayoutError):
+            ParallelConfig.parse(bad)

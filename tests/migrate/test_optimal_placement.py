@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from migrate import LostStateError, ModelSpec, ParallelConfig, RankMap, Topology, plan
 
-from tests.migrate.firstprinciples import Gpt, lacking
+from tests.migrate.firstprinciples import Gpt, fsdp_masks, lacking, lacking_masks
 
 GPT = Gpt(layers=12, hidden=48, ffn=96, vocab=96, seq=8)
 MODEL = ModelSpec(layers=12, hidden=48, heads=12, ffn=96, vocab=96, seq_len=8)
@@ -202,3 +202,96 @@ def test_initial_placement_packed_and_resilient():
     # one node cannot keep a replica elsewhere: packed, and the note says so
     devices, notes = initial_placement(ParallelConfig.parse("pp2dp2"), Topology.grid(1, 4), "resilient")
     assert sorted(devices) == [0, 1, 2, 3] and any("node loss" in n for n in notes)
+
+
+SMALL = Gpt(layers=4, hidden=16, ffn=32, vocab=32, seq=8)
+SMALL_MODEL = ModelSpec(layers=4, hidden=16, heads=4, ffn=32, vocab=32, seq_len=8)
+
+
+class ShardedOracle(Oracle):
+    """The same search for layouts with FSDP: a class is (pp, fsdp, tp), each holds a box of every tensor
+    (firstprinciples.fsdp_masks, element masks), ranks in torchtitan's order ((pp * dp + q) * F + f) * T + t."""
+
+    def __init__(self, prev: ParallelConfig, prev_devices: tuple[int, ...], curr: ParallelConfig,
+                 sizes: list[int], failed: set[int], resilient: bool) -> None:
+        super().__init__(ParallelConfig(), (), ParallelConfig(), sizes, failed, None, False)
+        self.curr, self.resilient = curr, resilient and curr.dp >= 2
+
+        def who(cfg: ParallelConfig, r: int) -> tuple[int, int, int]:
+            t, rest = r % cfg.tp, r // cfg.tp
+            return rest // (cfg.fsdp * cfg.dp), rest % cfg.fsdp, t
+
+        holds = {d: fsdp_masks(SMALL, *who(prev, r), prev.pp, prev.fsdp, prev.tp)
+                 for r, d in enumerate(prev_devices) if d not in failed}
+        self.who = lambda r: who(curr, r)
+        self.cost = {}
+        for p in range(curr.pp):
+            for f in range(curr.fsdp):
+                for t in range(curr.tp):
+                    want = fsdp_masks(SMALL, p, f, t, curr.pp, curr.fsdp, curr.tp)
+                    for d in self.alive:
+                        self.cost[p, f, t, d] = lacking_masks(want, holds.get(d, {}))
+
+    def rank(self, p: int, q: int, f: int, t: int) -> int:
+        c = self.curr
+        return ((p * c.dp + q) * c.fsdp + f) * c.tp + t
+
+    def score(self, devices: tuple[int, ...]) -> tuple[int, int]:
+        nodes = {self.node_of[d] for d in devices} | self.pinned_alive
+        return len(nodes), sum(self.cost[(*self.who(r), d)] for r, d in enumerate(devices))
+
+    def survives_a_node(self, devices: tuple[int, ...]) -> bool:
+        c = self.curr
+        return all(len({self.node_of[devices[self.rank(p, q, f, t)]] for q in range(c.dp)}) >= 2
+                   for p in range(c.pp) for f in range(c.fsdp) for t in range(c.tp))
+
+    def placements(self, node_rule: bool):
+        c = self.curr
+        groups = [(p, f, q) for p in range(c.pp) for f in range(c.fsdp) for q in range(c.dp)]
+        devices = [-1] * c.world_size
+
+        def rec(gi: int, used: frozenset, last_min: dict):
+            if gi == len(groups):
+                yield tuple(devices)
+                return
+            p, f, q = groups[gi]
+            for members in itertools.permutations([d for d in self.alive if d not in used], c.tp):
+                if node_rule and len({self.node_of[d] for d in members}) > 1:
+                    continue
+                if q and min(members) < last_min[p, f]:
+                    continue
+                for t, d in enumerate(members):
+                    devices[self.rank(p, q, f, t)] = d
+                yield from rec(gi + 1, used | set(members), {**last_min, (p, f): min(members)})
+
+        yield from rec(0, frozenset(), {})
+
+
+@pytest.mark.parametrize("sizes,prev,prev_devices,failed,curr,placement", [
+    ([2, 2], "tp2fsdp2", (0, 1, 2, 3), (), "tp2", "packed"),
+    ([2, 2], "tp2", (2, 3), (), "tp2fsdp2", "packed"),
+    ([2, 2], "tp2dp2", (0, 1, 2, 3), (), "tp2fsdp2", "packed"),
+    ([2, 2, 2], "hsdp2x2", (0, 1, 2, 3), (1,), "fsdp2", "resilient"),
+    ([4, 4], "tp2hsdp2x2", (0, 1, 2, 3, 4, 5, 6, 7), (2, 5), "tp2fsdp2", "packed"),
+    ([4, 2], "fsdp4", (0, 1, 2, 3), (), "pp2fsdp2", "packed"),
+    ([2, 2, 2], "pp2fsdp2", (4, 5, 0, 1), (), "fsdp2", "packed"),
+    ([2, 2], "fsdp2", (0, 2), (), "hsdp2x2", "resilient"),
+])
+def test_fsdp_plans_are_the_brute_force_optimum_by_bytes(sizes, prev, prev_devices, failed, curr, placement):
+    """`elastic plan` between layouts with FSDP (bytes by manifest, box overlaps): the placement's bytes are
+    the brute-force optimum counted on element masks, and what the plan says it moves."""
+    prev, curr = ParallelConfig.parse(prev), ParallelConfig.parse(curr)
+    topo = Topology.of_nodes(sizes)
+    p = plan(SMALL_MODEL, RankMap(prev, prev_devices), curr, topo, frozenset(failed), placement=placement)
+    oracle = ShardedOracle(prev, prev_devices, curr, sizes, set(failed), placement == "resilient")
+    nodes, best = oracle.best()
+    assert oracle.score(p.curr.devices) == (nodes, best) == (nodes, p.bytes_moved), p.summary()
+    assert p.optimal and p.bytes_lower_bound == p.bytes_moved
+    assert p.bytes_state_total == SMALL_MODEL.state_bytes
+
+
+def test_an_fsdp_shard_on_a_failed_device_alone_is_lost_state() -> None:
+    """FSDP without replicas: a failed device's shard has no other holder; the plan says what is lost."""
+    with pytest.raises(LostStateError, match="held by no old rank"):
+        plan(SMALL_MODEL, RankMap(ParallelConfig.parse("pp2fsdp2"), (4, 5, 0, 1)), ParallelConfig.parse("fsdp2"),
+             Topology.of_nodes([2, 2, 2]), frozenset({0}))

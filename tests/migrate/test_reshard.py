@@ -13,9 +13,10 @@ from migrate.reshard import plan_transfers
 from tests.migrate.test_manifest import TP_PLAN, Mixer
 
 
-def layout(tp: int, *size: int) -> list[Manifest]:
-    """Manifests of the TP ranks of the Mixer (of `size` (d, hidden) if given)."""
-    return [plan_manifest(meta_module(Mixer, *size), TP_PLAN, tp, r) for r in range(tp)]
+def layout(tp: int, *size: int, fsdp: int = 1) -> list[Manifest]:
+    """Manifests of the ranks of the Mixer (of `size` (d, hidden) if given) on TP x FSDP (rank f * tp + t)."""
+    return [plan_manifest(meta_module(Mixer, *size), TP_PLAN, tp, r % tp, fsdp=fsdp, fsdp_rank=r // tp)
+            for r in range(tp * fsdp)]
 
 
 def full_tensors(*size: int) -> dict[str, torch.Tensor]:
@@ -28,25 +29,37 @@ def full_tensors(*size: int) -> dict[str, torch.Tensor]:
 
 
 def cut(t: torch.Tensor, e: ShardEntry) -> torch.Tensor:
-    return t if e.dim is None else torch.chunk(t, e.count, dim=e.dim)[e.index]
+    """The piece `e` of `t` by torch.chunk, cut after cut (the oracle, not the manifest's box)."""
+    for dim, index, count in e.cuts:
+        t = torch.chunk(t, count, dim=dim)[index]
+    return t
 
 
-@pytest.mark.parametrize("a,b,same", [(2, 1, {0: 1}), (1, 2, {}), (2, 2, {0: 1, 1: 0}), (1, 3, {2: 0})])
-def test_transfers_cover_every_needed_element_once(a: int, b: int, same: dict[int, int]) -> None:
-    old, new = layout(a), layout(b)
+def box_of(t: torch.Tensor, box) -> torch.Tensor:
+    for d, (lo, hi) in enumerate(box):
+        t = t.narrow(d, lo, hi - lo)
+    return t
+
+
+@pytest.mark.parametrize("a,b,same", [(2, 1, {0: 1}), (1, 2, {}), (2, 2, {0: 1, 1: 0}), (1, 3, {2: 0}),
+                                      ((2, 1), (2, 2), {0: 0, 1: 1}), ((2, 2), (2, 1), {1: 3}),
+                                      ((1, 2), (2, 2), {3: 1}), ((2, 2), (1, 3), {}), ((1, 4), (2, 2), {0: 0})])
+def test_transfers_cover_every_needed_element_once(a, b, same: dict[int, int]) -> None:
+    """(tp, fsdp) pairs: FSDP2's cut of a TP shard (a row-parallel weight by rows and columns) against TP
+    alone, FSDP alone (1, f) and other FSDP x TP: transfers are boxes."""
+    (ta, fa), (tb, fb) = (a if isinstance(a, tuple) else (a, 1)), (b if isinstance(b, tuple) else (b, 1))
+    old, new = layout(ta, 8, 10, fsdp=fa), layout(tb, 8, 10, fsdp=fb)
     trs = plan_transfers(old, new, same)
     for dst, m in enumerate(new):
         for e in m.entries:
-            count = torch.zeros(e.local_shape)
+            count = torch.zeros(e.shape)  # brute force: every element counted where it lands
             for tr in (t for t in trs if t.fqn == e.fqn and t.dst == dst):
-                src = old[tr.src].by_fqn()[e.fqn]
-                if tr.dim is not None:  # the sender holds those rows, the receiver needs them
-                    assert (src.range if src.dim is not None else (0, e.shape[tr.dim]))[0] <= tr.lo
-                    base = e.range[0] if e.dim is not None else 0
-                    count.narrow(tr.dim, tr.lo - base, tr.hi - tr.lo).add_(1)
-                else:
-                    count.add_(1)
-            assert torch.equal(count, torch.ones_like(count)), (e.fqn, dst)
+                mask = torch.zeros(e.shape, dtype=torch.bool)
+                cut(mask, old[tr.src].by_fqn()[e.fqn]).fill_(True)
+                assert box_of(mask, tr.box).all()  # the sender holds those elements
+                box_of(count, tr.box).add_(1)
+            assert torch.equal(cut(count, e), torch.ones(e.local_shape)), (e.fqn, dst)
+            assert count.sum() == cut(count, e).sum()  # nothing outside the piece
     local = [t for t in trs if same.get(t.dst) == t.src]
     if same:  # what a process already holds is never sent
         assert local and all(t.src == same[t.dst] for t in trs if same.get(t.dst) is not None
@@ -61,12 +74,8 @@ def test_bytes_of_a_transfer_are_the_elements_it_moves(a: int, b: int) -> None:
     for tr in plan_transfers(layout(a), new, {}):
         e = new[tr.dst].by_fqn()[tr.fqn]
         mask = torch.zeros(e.shape, dtype=torch.bool)  # brute force: mark the moved elements
-        if tr.dim is None:
-            mask[...] = True
-        else:
-            mask.narrow(tr.dim, tr.lo, tr.hi - tr.lo).fill_(True)
-        if e.dim is not None:
-            mask = cut(mask, e)
+        box_of(mask, tr.box).fill_(True)
+        mask = cut(mask, e)
         assert transfer_bytes(tr, e) == int(mask.sum()) * 4, tr
 
 
@@ -86,16 +95,16 @@ def test_local_plan_cuts_the_rows_each_transfer_names(a: int, b: int, same: dict
         om, nm = (old[o] if o is not None else None), (new[n] if n is not None else None)
         lp = plan_local(trs, o, n, om, nm)
         want = {("copy" if t.src == o and t.dst == n else "send" if t.src == o else "recv", t.fqn, t.dst, t.src,
-                 t.dim, t.lo, t.hi) for t in trs
+                 t.box) for t in trs
                 if (t.src == o or t.dst == n) and not (t.dst == n and t.fqn in lp.kept)}
-        assert {(s.op, *s.key[:3], s.dim, *s.key[4:]) for s in lp.steps} == want
+        assert {(s.op, *s.key) for s in lp.steps} == want
         assert lp.kept <= {e.fqn for e in nm.entries} if nm else not lp.kept
         for s in lp.steps:
-            rows = full[s.fqn] if s.dim is None else full[s.fqn].narrow(s.dim, s.key[4], s.key[5] - s.key[4])
+            rows = box_of(full[s.fqn], s.key[3])
             if s.op in ("send", "copy"):
-                assert torch.equal(_cut(cut(full[s.fqn], om.by_fqn()[s.fqn]), s.dim, s.old_at, s.length), rows)
+                assert torch.equal(_cut(cut(full[s.fqn], om.by_fqn()[s.fqn]), s.old_at, s.lengths), rows)
             if s.op in ("recv", "copy"):
-                view = _cut(cut(full[s.fqn], nm.by_fqn()[s.fqn]).contiguous(), s.dim, s.new_at, s.length)
+                view = _cut(cut(full[s.fqn], nm.by_fqn()[s.fqn]).contiguous(), s.new_at, s.lengths)
                 assert torch.equal(view, rows)
                 assert (s.nbytes, s.whole) == (rows.numel() * rows.element_size(), view.is_contiguous())
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from launcher.runtime.state import assemble, on_meta, state_views
 
-LAY = SimpleNamespace(tp=1)
+LAY = SimpleNamespace(tp=1, fsdp=1)
 
 
 class Plain(nn.Module):
@@ -90,7 +90,8 @@ def test_tied_weights_make_the_runtime_build_for_real() -> None:
 def test_a_tp_plan_to_apply_makes_the_runtime_build_for_real() -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel
 
-    assert on_meta(lambda lay: Plain(), SimpleNamespace(tp=2), {"up": ColwiseParallel()}) is None
+    assert on_meta(lambda lay: Plain(), SimpleNamespace(tp=2, fsdp=1), {"up": ColwiseParallel()}) is None
+    assert on_meta(lambda lay: Plain(), SimpleNamespace(tp=1, fsdp=2), {}) is None  # FSDP2: DTensors too
 
 
 def test_a_missing_received_tensor_fails_before_training() -> None:

@@ -4,7 +4,8 @@ DTensors beside plain LayerNorm parameters, where torch's own clip_grad_norm_ fa
 torch.Tensor and DTensor"). Every rank is given its piece of the same whole gradients; the oracle is
 torch.nn.utils.clip_grad_norm_ on one unsharded model holding those gradients: the total norm and every
 clipped gradient agree (within float32 summation order), for the 2-norm, the 1-norm and the inf norm, with
-and without clipping, on tp2, pp2 and dp2 (replicas are not summed)."""
+and without clipping, on tp2, pp2 and dp2 (replicas are not summed), and with FSDP2 (fully_shard by the Builder:
+every gradient reduce-scattered, a shard per rank) alone, over TP, and as HSDP."""
 from __future__ import annotations
 
 import functools
@@ -90,13 +91,15 @@ def _oracle() -> list[tuple[float, dict[str, torch.Tensor]]]:
     return out
 
 
-@pytest.mark.parametrize("layout, world", [("tp2", 2), ("pp2", 2), ("dp2", 2)])
+@pytest.mark.parametrize("layout, world", [("tp2", 2), ("pp2", 2), ("dp2", 2), ("fsdp2", 2), ("tp2fsdp2", 4),
+                                           ("hsdp2x2", 4)])
 def test_the_total_norm_and_the_clipped_gradients_are_the_unsharded_models(layout: str, world: int) -> None:
     got = run_spawned(functools.partial(_worker, layout, world), world)
     want = _oracle()
     for rank in range(world):
         got[rank], torch_says = got[rank]
-        assert ("mixed torch.Tensor and DTensor" in torch_says) == ("tp2" in layout), torch_says
+        if "fsdp" not in layout:
+            assert ("mixed torch.Tensor and DTensor" in torch_says) == ("tp2" in layout), torch_says
         for (norm, max_norm), (total, grads), (want_total, want_grads) in zip(CASES, got[rank], want):
             assert total == pytest.approx(want_total, rel=1e-5), (layout, rank, norm, max_norm)
             for n, g in grads.items():  # this rank's stage's parameters, whole
