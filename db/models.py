@@ -96,7 +96,7 @@ class RankEntryRow(Base):
     node: Mapped[str] = mapped_column(String(200))
     gpu: Mapped[int]
     pp: Mapped[int]
-    dp: Mapped[int]
+    dp: Mapped[int]  # the data-parallel rank: DP replica x FSDP shards + FSDP shard (a TP group is (pp, dp))
     tp: Mapped[int]
     component: Mapped[int] = mapped_column(default=0, server_default="0")  # v8: het-job component of the rank
     rank_map: Mapped[RankMapRow] = relationship(back_populates="entries")

@@ -107,7 +107,7 @@ def full_state(job) -> dict[str, torch.Tensor] | None:
     mine = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in items}
     lay = job.layout
     pieces = [None] * lay.world_size if lay.rank == 0 else None
-    dist.gather_object(mine if lay.dp_rank == 0 and lay.tp_rank == 0 else {}, pieces, dst=0)
+    dist.gather_object(mine if lay.data_rank == 0 and lay.tp_rank == 0 else {}, pieces, dst=0)
     if lay.rank != 0:
         return None
     out: dict[str, torch.Tensor] = {}
@@ -144,7 +144,7 @@ def main() -> None:
 
 def train_step(job, pipe, data: DataPosition, args) -> None:
     lay = job.layout
-    x, y = batch(job.step, args.global_batch, lay.dp_rank, lay.dp)
+    x, y = batch(job.step, args.global_batch, lay.data_rank, lay.data_size)  # elastic: DP (x FSDP) share
     job.optimizer.zero_grad()
     loss = pipe.step(x, y)  # elastic: x feeds the first stage, y the loss on the last
     job.reduce_gradients()  # elastic: DP gradient mean

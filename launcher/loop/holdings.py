@@ -95,10 +95,13 @@ class Holdings:
 
     # -- what the database records of them ----------------------------------------------------------
     def entries(self, rank_map) -> list[dict]:
-        """The rank map as database rows."""
+        """The rank map as database rows. `dp` is the rank's data-parallel rank: its replica times the FSDP
+        shards plus its shard (dp_rank * fsdp + fsdp_rank), so that (pp, dp) names one TP group on every layout."""
         out = []
+        cfg = rank_map.layout
         for r, d in enumerate(rank_map.devices):
-            pp, dp, tp = rank_map.layout.coords(r)
+            pp, dp, tp = cfg.coords(r)
+            dp = dp * cfg.fsdp + cfg.fsdp_rank(r)
             dev = self.topology.devices[d]
             out.append({"virtual_rank": r, "node": dev.node, "gpu": dev.gpu, "pp": pp, "dp": dp, "tp": tp,
                         "component": self.backend.component_of(dev.node)})

@@ -5,7 +5,9 @@ real worker processes on 2 nodes x 2 devices resized with `elastic resize`, one 
   * pp4 -> pp2 (every rank's blocks change owner) -> pp4, then the test SIGKILLs device 3 (its stage has no
     replica): the job restarts from its safety checkpoint; the steps since run again, bit for bit;
   * TP inside the stages: pp2tp2dp1 -> pp1tp2dp1, `elastic suspend`, `elastic-launch --resume` on 2 nodes
-    (pp2tp2dp1 from the checkpoint written on pp1tp2dp1), every step exactly once.
+    (pp2tp2dp1 from the checkpoint written on pp1tp2dp1), every step exactly once;
+  * HSDP (hsdp2x2: 2 replicas of 2 FSDP2 shards), device 3 SIGKILLed: the job goes on on pp2 from the
+    shards of the replica left (each stage's whole parameters gathered from FSDP pieces), every step once.
 Oracle: one process trains the same model on the same steps with plain PyTorch (no launcher.runtime, no
 torch.distributed): the same DP shares and microbatches, gradients summed in microbatch order and divided
 as GPipe and the DP mean do, and under TP the arithmetic of 2-way Megatron TP written out (_block). The whole
@@ -294,3 +296,29 @@ def test_a_job_of_new_interpreters_that_ends_one_step_after_a_shrink_finishes(tm
     job = store.find_job("last")
     assert job.state == "finished"
     assert [(m.trigger, m.status) for m in store.recent_migrations(job.id)] == [("resize", "succeeded")]
+
+
+def test_hsdp_survives_a_dead_rank_and_goes_on_as_a_pipeline_from_the_replica_left(tmp_path: Path) -> None:
+    """hsdp2x2 (pp1: every rank a quarter of the data, half of every tensor, each half twice) loses device 3
+    in step 6 ($ELASTIC_FAULT): its half survives on the other replica, and the job moves live to pp2 on the
+    devices left (both stages' tensors cut out of FSDP shards). Oracle: the one-process training, the same
+    arithmetic up to summation order (4 data ranks' FSDP2 reduce-scatter, then pp2's whole batch)."""
+    steps, kill, dump = 12, 6, tmp_path / "dump"
+    dump.mkdir()
+    out = run_local(tmp_path, ["--nnodes", "2", "--gpus-per-node", "2", "--layouts", "hsdp2x2,pp2", "--job-name", "hsdp"],
+                    ["pipeline_live.py", "--log", str(tmp_path / "steps.log"), *_args(dump)[2:], "--steps", str(steps)],
+                    lambda alive: None, {"ELASTIC_FAULT": f"3:step:{kill}"})
+    rows = mixer_rows(tmp_path / "steps.log")
+    assert [r[0] for r in rows] == list(range(1, steps + 1)), (rows, out)  # every step once
+    assert [r[1] for r in rows] == ["pp1tp1dp2fsdp2"] * (kill - 1) + ["pp2tp1dp1"] * (steps - kill + 1), rows
+    store = Store(f"sqlite:///{tmp_path}/e.db")
+    (m,) = store.recent_migrations(store.find_job("hsdp").id, limit=10)
+    assert (m.kind, m.trigger, m.status, m.from_layout, m.to_layout) == \
+        ("live", "failure", "succeeded", "pp1tp1dp2fsdp2", "pp2tp1dp1"), (m.error, out)
+    assert m.bytes_moved > 0
+    states, _losses = _oracle(_example(), steps, DP)
+    for step, want in enumerate(states, start=1):
+        got = torch.load(dump / f"after-{step}.pt")
+        assert got.keys() == want.keys()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-6, msg=lambda e: f"step {step} {k}: {e}")

@@ -67,3 +67,11 @@ def test_a_torchtitan_shaped_script_shrinks_and_grows_on_its_schedule(tmp_path: 
     assert [got_lr[s][1] for s in range(1, STEPS + 1)] == pytest.approx([want_lr[s][1] for s in range(1, STEPS + 1)],
                                                                          rel=1e-3)
     assert rows[-1][3] < 0.5 * rows[0][3]  # and it learns
+
+    from db import Store
+
+    store = Store(f"sqlite:///{tmp_path}/e.db")
+    maps = store.rank_maps(store.find_job("titan").id)
+    assert [m.layout for m in maps] == ["pp1tp2dp1fsdp2", "pp1tp2dp1", "pp1tp2dp1fsdp2"]
+    # an FSDP rank's data-parallel rank is recorded: every rank its own (pp, dp, tp), a TP group one (pp, dp)
+    assert sorted((e.pp, e.dp, e.tp) for e in maps[0].entries) == [(0, d, t) for d in range(2) for t in range(2)]
