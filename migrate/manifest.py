@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -78,7 +79,7 @@ class ShardEntry:
         """Every cut, outermost first (none for a whole piece)."""
         return () if self.dim is None else ((self.dim, self.index, self.count),) + tuple(self.inner)
 
-    @property
+    @cached_property
     def box(self) -> tuple[tuple[int, int], ...]:
         """[lo, hi) along every dimension: DTensor's Shard chunking (chunk = ceil(n / count)), cut after cut."""
         out = [(0, n) for n in self.shape]

@@ -90,37 +90,51 @@ def plan_transfers(old: Sequence[Manifest], new: Sequence[Manifest], same: Mappi
     over it; each cell comes from a holder (the same process first, then the least loaded), and the cells
     a holder sends one receiver are one transfer where they make a box (its whole share of the need).
     Raises ManifestError when some piece has no holder."""
-    holders: dict[str, list[tuple[int, ShardEntry]]] = {}
+    holders: dict[str, dict[Box, list[int]]] = {}  # fqn -> box -> the old ranks holding it (replicas)
+    shapes: dict[str, tuple[int, ...]] = {}
     for r, m in enumerate(old):
         for e in m.entries:
-            holders.setdefault(e.fqn, []).append((r, e))
+            holders.setdefault(e.fqn, {}).setdefault(e.box, []).append(r)
+            shapes[e.fqn] = e.shape
     load = [0] * len(old)
     out: list[Transfer] = []
     for dst, m in enumerate(new):
+        mine = same.get(dst)
         for need in m.entries:
             have = holders.get(need.fqn)
             if not have:
                 raise ManifestError(f"{need.fqn}: no process holds it in the old layout")
-            if have[0][1].shape != need.shape:
-                raise ManifestError(f"{need.fqn}: shape {have[0][1].shape} in the old layout, {need.shape} in the new")
+            if shapes[need.fqn] != need.shape:
+                raise ManifestError(f"{need.fqn}: shape {shapes[need.fqn]} in the old layout, {need.shape} in the new")
             want = need.box
             if any(lo >= hi for lo, hi in want):
                 continue  # an empty shard (more chunks than rows): nothing to fill
-            over = [(r, cap) for r, e in have if (cap := _cap(e.box, want)) is not None]
-            boxes = [cap for _r, cap in over]
+            over = [(cap, ranks) for box, ranks in have.items() if (cap := _cap(box, want)) is not None]
+            if len(over) == 1 and over[0][0] == want:  # one box of holders covers it all: the common case
+                cap, ranks = over[0]
+                r = min(ranks, key=lambda x: (x != mine, load[x], x))
+                if r != mine:
+                    load[r] += need.nbytes
+                out.append(Transfer(need.fqn, dst, r, want))
+                continue
+            caps = [cap for cap, _ranks in over]
             chosen: dict[int, list[Box]] = {}
-            for cell in _cells(want, boxes):
-                cover = [r for r, cap in over if _inside(cell, cap)]
+            inside = [0] * len(over)  # cells inside each box of holders
+            group_of: dict[int, int] = {}
+            for cell in _cells(want, caps):
+                cover = [g for g, cap in enumerate(caps) if _inside(cell, cap)]
                 if not cover:
                     raise ManifestError(f"{need.fqn}: elements {cell} are held by no old rank")
-                r = min(cover, key=lambda x: (x != same.get(dst), load[x], x))
+                for g in cover:
+                    inside[g] += 1
+                r, g = min(((x, g) for g in cover for x in over[g][1]), key=lambda xg: (xg[0] != mine, load[xg[0]], xg[0]))
+                group_of[r] = g
                 chosen.setdefault(r, []).append(cell)
-                if r != same.get(dst):
+                if r != mine:
                     load[r] += math.prod(hi - lo for lo, hi in cell) * DTYPE_BYTES[need.dtype]
-            caps = dict(over)
             for r, cells in sorted(chosen.items(), key=lambda x: x[1][0]):
-                if len(cells) == len(_cells(caps[r], boxes)):  # the holder's whole share: one box
-                    out.append(Transfer(need.fqn, dst, r, caps[r]))
+                if len(cells) == inside[group_of[r]]:  # the holder's whole share: one box
+                    out.append(Transfer(need.fqn, dst, r, caps[group_of[r]]))
                 else:
                     out += [Transfer(need.fqn, dst, r, c) for c in cells]
     return out
