@@ -73,6 +73,11 @@ class Builder:
 
         cfg = ParallelConfig.parse(layout)
         if self._produce is not None:
+            if cfg.fsdp > 1:
+                from migrate.layout import LayoutError
+
+                raise LayoutError(f"{layout}: a model that shards itself (join's manifest=) does not run FSDP "
+                                  "layouts; give a tp_plan instead, or leave fsdp/hsdp out of --layouts")
             return layout_manifests(cfg, lambda r: self._produce(parse_layout(layout, r, cfg.world_size)))
         return stage_manifests(cfg, lambda r: self.build_model(parse_layout(layout, r, cfg.world_size)),
                                self.tp_plan, self.build_opt)

@@ -341,7 +341,9 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
 
     model(layout) -> nn.Module: the whole model, created identically on every rank (seed it); with
     layout.pp > 1 only the stage `layout.pp_rank` of it, under the whole model's names (see above);
-    tp_plan: parallelize_module's plan, applied by the runtime when the layout has tp > 1;
+    tp_plan: parallelize_module's plan, applied by the runtime when the layout has tp > 1; on a layout with
+    fsdp > 1 (`tp2fsdp4`, `tp2hsdp2x2`) the runtime then applies FSDP2's fully_shard over the layout's fsdp
+    mesh, torchtitan's order, and the script splits its batch by layout.data_rank of layout.data_size;
     optimizer(params) -> torch.optim.Optimizer: `job.optimizer` is one object from `join` on (its parameters
     and state are each layout's, its settings -- lr, betas, weight_decay, any key -- carry over), so what
     is made on it keeps working; state: extra objects with state_dict/load_state_dict;

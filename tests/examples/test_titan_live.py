@@ -16,7 +16,7 @@ import torch
 from tests.examples.harness import assert_state_carried, mixer_rows, run_local, shrink_and_grow
 from tests.paths import ROOT
 
-STEPS = 30
+STEPS = 24
 
 
 def _lr_rows(path: Path) -> dict[int, tuple[float, float]]:

@@ -38,7 +38,7 @@ def mesh():
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        yield init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+        yield init_device_mesh("cpu", (1, 1, 1), mesh_dim_names=("dp", "fsdp", "tp"))  # a stage's mesh
     finally:
         dist.destroy_process_group()
 
