@@ -140,6 +140,10 @@ class MigrationPlan:
     def from_dict(cls, d: dict) -> "MigrationPlan":
         from migrate.topology import Device
 
+        if d.get("by_manifest"):
+            raise LayoutError(f"{d['from']} -> {d['to']} is an FSDP plan (by manifest): plan it again, its "
+                              "moves are not the reference GPT's instructions")
+
         topo = Topology(tuple(Device(i, n, g) for i, (n, g) in enumerate(d["topology"]["devices"])),
                         frozenset(d["topology"]["pinned"]), d["topology"].get("tp_domain"))
         return cls(

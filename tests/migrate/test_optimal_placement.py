@@ -11,13 +11,14 @@ the fewest nodes (pinned node always kept), and, for `resilient`, keeps a replic
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from migrate import LostStateError, ModelSpec, ParallelConfig, RankMap, Topology, plan
+from migrate import LayoutError, LostStateError, MigrationPlan, ModelSpec, ParallelConfig, RankMap, Topology, plan
 
 from tests.migrate.firstprinciples import Gpt, fsdp_masks, lacking, lacking_masks
 
@@ -288,6 +289,10 @@ def test_fsdp_plans_are_the_brute_force_optimum_by_bytes(sizes, prev, prev_devic
     assert oracle.score(p.curr.devices) == (nodes, best) == (nodes, p.bytes_moved), p.summary()
     assert p.optimal and p.bytes_lower_bound == p.bytes_moved
     assert p.bytes_state_total == SMALL_MODEL.state_bytes
+    d = json.loads(p.to_json())  # `elastic plan --json --instructions`: the moves, not GPT instructions
+    assert d["by_manifest"] and sum(m["nbytes"] for m in d["instructions"] if m["op"] == "send") == p.bytes_moved
+    with pytest.raises(LayoutError, match="plan it again"):
+        MigrationPlan.from_dict(d)
 
 
 def test_an_fsdp_shard_on_a_failed_device_alone_is_lost_state() -> None:
