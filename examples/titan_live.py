@@ -167,7 +167,8 @@ def main() -> None:
     args = p.parse_args()
     data = DataPosition()
     job = runtime.join(model=lambda layout: Transformer(), tp_plan=tp_plan(), optimizer=adamw,  # elastic
-                       scheduler=warmup_cosine(args.steps), state={"data": data})
+                       scheduler=warmup_cosine(args.steps), state={"data": data},
+                       fsdp_units=lambda model: model.layers)  # elastic: FSDP2 gathers a block at a time
     while job.next_step(until=args.steps):  # elastic: migrations happen here, between steps
         with job.guard():  # elastic: a step another worker's death broke is abandoned, the job recovers
             dump(job, args.dump_dir, "before")

@@ -13,8 +13,9 @@ class Builder:
     """The script's model and optimizer factories, applied to a layout."""
 
     def __init__(self, model: Callable, tp_plan: Mapping | None, optimizer: Callable,
-                 manifest: Callable | None = None) -> None:
+                 manifest: Callable | None = None, fsdp_units: Callable | None = None) -> None:
         self.build_model, self.tp_plan, self.build_opt = model, dict(tp_plan or {}), optimizer
+        self.fsdp_units = fsdp_units  # module -> its submodules FSDP2 gathers one at a time (join's fsdp_units)
         self._produce = manifest  # layout -> this rank's Manifest, for a model that shards itself
         self._mcache: dict[str, list] = {}
 
@@ -36,9 +37,12 @@ class Builder:
             from torch.distributed.tensor.parallel import parallelize_module
 
             module = parallelize_module(module, lay.tp_mesh, plan)
-        if lay.fsdp > 1:  # FSDP2 over the TP shards (torchtitan's order), the whole stage as one unit
+        if lay.fsdp > 1:  # FSDP2 over the TP shards (torchtitan's order): each unit the script names, then the rest
             from torch.distributed.fsdp import fully_shard
 
+            for unit in self.fsdp_units(module) if self.fsdp_units is not None else ():
+                if next(unit.parameters(), None) is not None:  # a block another pipeline stage owns is empty
+                    fully_shard(unit, mesh=lay.fsdp_mesh)
             fully_shard(module, mesh=lay.fsdp_mesh)
         opt = self.build_opt(module.parameters())
         # create the optimizer's state now (a step with zero gradients), so it can be filled and moved

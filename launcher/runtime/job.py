@@ -43,11 +43,11 @@ class Job:
     def __init__(self, ctl: Control, device: int, model: Callable, tp_plan: Mapping | None,
                  optimizer: Callable, state: Mapping[str, object], manifest: Callable | None = None,
                  collective_timeout: float = 120.0, local: tuple[int, int] = (0, 1),
-                 scheduler: Callable | None = None) -> None:
+                 scheduler: Callable | None = None, fsdp_units: Callable | None = None) -> None:
         self.ctl, self.device = ctl, device
         self.timeout = collective_timeout  # seconds a collective may wait for a peer
         self._local = local  # (local rank, workers per node): torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE
-        self.builder = Builder(model, tp_plan, optimizer, manifest)
+        self.builder = Builder(model, tp_plan, optimizer, manifest, fsdp_units)
         self.tp_plan = self.builder.tp_plan
         self.worlds = Worlds(ctl)
         self.extras = dict(state)
@@ -336,7 +336,7 @@ def _default_threads() -> None:
 def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None,
          state: Mapping[str, object] | None = None, scheduler: Callable | None = None,
          manifest: Callable | None = None, model_info: Mapping | None = None,
-         collective_timeout: float = 120.0) -> Job:
+         collective_timeout: float = 120.0, fsdp_units: Callable | None = None) -> Job:
     """Join the elastic job as one live-mode worker; returns the Job whose `next_step()` drives training.
 
     model(layout) -> nn.Module: the whole model, created identically on every rank (seed it); with
@@ -344,6 +344,8 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
     tp_plan: parallelize_module's plan, applied by the runtime when the layout has tp > 1; on a layout with
     fsdp > 1 (`tp2fsdp4`, `tp2hsdp2x2`) the runtime then applies FSDP2's fully_shard over the layout's fsdp
     mesh, torchtitan's order, and the script splits its batch by layout.data_rank of layout.data_size;
+    fsdp_units(module) -> the submodules FSDP2 shards as units of their own first (torchtitan: each transformer
+    block), so a forward gathers one block's parameters at a time instead of the whole stage's at once;
     optimizer(params) -> torch.optim.Optimizer: `job.optimizer` is one object from `join` on (its parameters
     and state are each layout's, its settings -- lr, betas, weight_decay, any key -- carry over), so what
     is made on it keeps working; state: extra objects with state_dict/load_state_dict;
@@ -375,7 +377,7 @@ def join(*, model: Callable, optimizer: Callable, tp_plan: Mapping | None = None
     ctl = Control.from_env()
     ctl.hello(device)
     job = Job(ctl, device, model, tp_plan, optimizer, state or {}, manifest, collective_timeout, (local_id, gpn),
-              scheduler)
+              scheduler, fsdp_units)
     # the launcher places ranks with the ETC planner over these, for every layout shape it may choose
     shapes = ctl.shapes() or ["pp1tp1"]
     spec = {"kind": "generic", "tp_plan": sorted(job.tp_plan), "info": dict(model_info or {}),

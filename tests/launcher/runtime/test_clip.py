@@ -4,8 +4,9 @@ DTensors beside plain LayerNorm parameters, where torch's own clip_grad_norm_ fa
 torch.Tensor and DTensor"). Every rank is given its piece of the same whole gradients; the oracle is
 torch.nn.utils.clip_grad_norm_ on one unsharded model holding those gradients: the total norm and every
 clipped gradient agree (within float32 summation order), for the 2-norm, the 1-norm and the inf norm, with
-and without clipping, on tp2, pp2 and dp2 (replicas are not summed), and with FSDP2 (fully_shard by the Builder:
-every gradient reduce-scattered, a shard per rank) alone, over TP, and as HSDP."""
+and without clipping, on tp2, pp2 and dp2 (replicas are not summed), and with FSDP2 (fully_shard by the Builder,
+each block a unit of its own as join's fsdp_units asks: every gradient reduce-scattered, a shard per rank)
+alone, over TP, and as HSDP."""
 from __future__ import annotations
 
 import functools
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from migrate.layout import ParallelConfig
 from tests.migrate.spawned import run_spawned
 
 CASES = [(norm, max_norm) for norm in (2.0, 1.0, math.inf) for max_norm in (0.5, 1e4)]
@@ -57,8 +59,12 @@ def _worker(layout: str, world: int, rank: int, port: int, q) -> None:
     lay = parse_layout(layout, rank, world)
     dist.init_process_group("gloo", rank=rank, world_size=lay.world_size)
     lay.mesh = device_mesh(lay)
-    builder = Builder(_stage, TP_PLAN, lambda params: torch.optim.SGD(params, lr=0.1))
+    builder = Builder(_stage, TP_PLAN, lambda params: torch.optim.SGD(params, lr=0.1),
+                      fsdp_units=lambda module: module.blocks)
     model, _opt = builder.build(lay)
+    from torch.distributed.fsdp import FSDPModule
+
+    units = sum(isinstance(b, FSDPModule) for b in model.blocks)
     whole, out = _grads(), []
     torch_says = ""
     for n, p in model.named_parameters():
@@ -76,7 +82,7 @@ def _worker(layout: str, world: int, rank: int, port: int, q) -> None:
         clipped = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).numpy().copy() for n, p in
                    model.named_parameters()}  # numpy: pickled by value (a tensor would go by shared memory)
         out.append((float(total), clipped))
-    q.put((rank, (out, torch_says)))
+    q.put((rank, (out, torch_says, units)))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -97,7 +103,8 @@ def test_the_total_norm_and_the_clipped_gradients_are_the_unsharded_models(layou
     got = run_spawned(functools.partial(_worker, layout, world), world)
     want = _oracle()
     for rank in range(world):
-        got[rank], torch_says = got[rank]
+        got[rank], torch_says, units = got[rank]
+        assert units == (4 if ParallelConfig.parse(layout).fsdp > 1 else 0)  # each block its own FSDP unit
         if "fsdp" not in layout:
             assert ("mixed torch.Tensor and DTensor" in torch_says) == ("tp2" in layout), torch_says
         for (norm, max_norm), (total, grads), (want_total, want_grads) in zip(CASES, got[rank], want):
