@@ -41,7 +41,8 @@ import torch.multiprocessing as mp
 from migrate.checkpoint import as_dtensors, layout_mesh
 from migrate.checksum import unit_digest
 from migrate.layout import ModelSpec, ParallelConfig, TensorSpec
-from migrate.state import LocalState, held_tensors, initial_state, local_shape, rank_workload, shard_range
+from migrate.state import LocalState, initial_state, local_shape, shard_range
+from migrate.workload import held_tensors, rank_workload
 from migrate.train import Groups, Trainer, TrainConfig
 from migrate.workload import slice_units
 

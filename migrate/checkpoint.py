@@ -18,7 +18,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import DeviceMesh
 
 from migrate.layout import ModelSpec, ParallelConfig
-from migrate.state import TORCH_DTYPES, LocalState, held_tensors, local_shape, rank_workload
+from migrate.state import TORCH_DTYPES, LocalState, local_shape
+from migrate.workload import held_tensors, rank_workload
 
 
 def layout_mesh(cfg: ParallelConfig, world_rank: list[int]) -> DeviceMesh:

@@ -28,7 +28,8 @@ from migrate.bench import BenchConfig, loopback_ceiling, run_forked
 from migrate.layout import ParallelConfig
 from migrate.plan import plan
 from migrate.scenarios import PAPER_SCENARIOS
-from migrate.state import LocalState, held_tensors, local_shape, rank_workload, shard_range
+from migrate.state import LocalState, local_shape, shard_range
+from migrate.workload import held_tensors, rank_workload
 from migrate.topology import Topology
 
 

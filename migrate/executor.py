@@ -24,7 +24,8 @@ from migrate.checksum import unit_digest
 from migrate.layout import ModelSpec, TensorSpec
 from migrate.plan import MigrationPlan
 from migrate.reshard import allocates_ahead
-from migrate.state import LocalState, TORCH_DTYPES, held_tensors, local_shape, rank_workload, shard_range
+from migrate.state import LocalState, TORCH_DTYPES, local_shape, shard_range
+from migrate.workload import held_tensors, rank_workload
 from migrate.transfer import WINDOW_BYTES, Exchange, TransferError, narrow_is_contiguous
 from migrate.workload import Workload
 

@@ -48,7 +48,8 @@ def build_stage(model: ModelSpec, layout, seed: int = 0):
     import torch
 
     from migrate.gpt import GPTStage, TPGroup
-    from migrate.state import initial_state, rank_workload
+    from migrate.state import initial_state
+    from migrate.workload import rank_workload
 
     cfg = ParallelConfig.parse(layout.name)
     model.check_config(cfg)

@@ -84,6 +84,10 @@ class ParallelConfig:
     def fsdp_rank(self, rank: int) -> int:
         return (rank // self.tp) % self.fsdp
 
+    def data_rank(self, rank: int) -> int:
+        """Which of the dp * fsdp parts of the batch a rank trains on: its replica's shards, then its shard."""
+        return self.coords(rank)[1] * self.fsdp + self.fsdp_rank(rank)
+
     @property
     def classes(self) -> int:
         """How many different pieces of the state the layout holds (ranks of a class are its DP replicas)."""

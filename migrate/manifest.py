@@ -91,17 +91,6 @@ class ShardEntry:
         return tuple(out)
 
     @property
-    def range(self) -> tuple[int, int]:
-        """[lo, hi) along `dim`; the whole first dim when not sharded."""
-        if self.dim is None:
-            return 0, self.shape[0] if self.shape else 1
-        return self.box[self.dim]
-
-    @property
-    def cut_dims(self) -> frozenset[int]:
-        return frozenset(d for d, _i, _c in self.cuts)
-
-    @property
     def local_shape(self) -> tuple[int, ...]:
         return tuple(hi - lo for lo, hi in self.box)
 

@@ -244,9 +244,7 @@ def _plan_sharded(model: ModelSpec, prev_map: RankMap, curr: ParallelConfig, top
     moves = tuple(Move("refer" if same.get(t.dst) == t.src else "send", prev_map.devices[t.src],
                        placed.devices[t.dst], t.fqn, t.box, transfer_bytes(t, entries[classes[t.dst]][t.fqn]))
                   for t in transfers)
-    used_before = {topology.devices[d].node for d in prev_map.devices if d not in failed}
-    gone = used_before - {topology.devices[d].node for d in placed.devices}
-    released = tuple(n for n in topology.nodes if n in gone and n not in topology.pinned)
+    released = _released(prev_map, placed.devices, topology, failed)
     total = sum(e.nbytes for e in {e for m in new_cls for e in m.entries})  # every piece once
     result = ShardedPlan(model, prev_map, RankMap(curr, placed.devices), topology, tuple(sorted(failed)), 1, total,
                          released, placed.notes, 0.0, need_total - placed.rule_bound, need_total - placed.upper_bound,
@@ -286,10 +284,7 @@ def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig,
     placed = place(curr, cost, prev_map, topology, failed, tp_in_node, placement, unusable)
     need_total = int(cost[:, -1].sum()) * curr.dp
 
-    used_before = {topology.devices[d].node for d in prev_map.devices if d not in failed}
-    used_after = {topology.devices[d].node for d in placed.devices}
-    gone = used_before - used_after
-    released = tuple(n for n in topology.nodes if n in gone and n not in topology.pinned)
+    released = _released(prev_map, placed.devices, topology, failed)
     result = MigrationPlan(model, prev_map, RankMap(curr, placed.devices), topology, tuple(sorted(failed)), units,
                            model.state_bytes, released, placed.notes, 0.0, need_total - placed.rule_bound,
                            need_total - placed.upper_bound, placed.optimal, placement)
@@ -305,6 +300,13 @@ def plan(model: ModelSpec, prev: RankMap | ParallelConfig, curr: ParallelConfig,
                set(np.unique(kind_of[alive]).tolist()) - {empty_kind}, failed_holders)
     object.__setattr__(result, "plan_ms", (time.perf_counter() - t0) * 1000)
     return result
+
+
+def _released(prev: RankMap, devices: tuple[int, ...], topology: Topology, failed) -> tuple[str, ...]:
+    """The nodes the old layout used (failed devices aside) that `devices` leave, but the pinned one."""
+    gone = {topology.devices[d].node for d in prev.devices if d not in failed} - \
+        {topology.devices[d].node for d in devices}
+    return tuple(n for n in topology.nodes if n in gone and n not in topology.pinned)
 
 
 def _device_kinds(prev: RankMap, topology: Topology, failed, unusable=frozenset()) -> tuple[np.ndarray, np.ndarray]:

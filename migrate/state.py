@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from migrate.layout import ModelSpec, ParallelConfig, TensorSpec
-from migrate.workload import Workload, held_tensors, rank_workload  # noqa: F401 (this module's callers' names)
+from migrate.workload import Workload, held_tensors, rank_workload
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

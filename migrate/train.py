@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from migrate.gpt import GPTStage, TPGroup
 from migrate.layout import LayoutError, ModelSpec, ParallelConfig
-from migrate.state import LocalState, rank_workload
+from migrate.state import LocalState
+from migrate.workload import rank_workload
 
 
 @dataclass(frozen=True)

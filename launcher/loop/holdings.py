@@ -100,8 +100,8 @@ class Holdings:
         out = []
         cfg = rank_map.layout
         for r, d in enumerate(rank_map.devices):
-            pp, dp, tp = cfg.coords(r)
-            dp = dp * cfg.fsdp + cfg.fsdp_rank(r)
+            pp, _replica, tp = cfg.coords(r)
+            dp = cfg.data_rank(r)
             dev = self.topology.devices[d]
             out.append({"virtual_rank": r, "node": dev.node, "gpu": dev.gpu, "pp": pp, "dp": dp, "tp": tp,
                         "component": self.backend.component_of(dev.node)})

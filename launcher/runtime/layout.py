@@ -21,6 +21,7 @@ from `layout.pp`, `layout.pp_rank` (and `tp`, `dp`) alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass
@@ -37,18 +38,25 @@ class Layout:
     mesh: object = None
     fsdp: int = 1
 
+    @cached_property
+    def config(self):
+        """The layout's sizes as a migrate.layout.ParallelConfig: the one place its rank order is written."""
+        from migrate.layout import ParallelConfig
+
+        return ParallelConfig(self.pp, self.tp, self.dp, self.fsdp)
+
     @property
     def tp_rank(self) -> int:
-        return self.rank % self.tp
+        return self.config.coords(self.rank)[2]
 
     @property
     def fsdp_rank(self) -> int:
-        return (self.rank // self.tp) % self.fsdp
+        return self.config.fsdp_rank(self.rank)
 
     @property
     def dp_rank(self) -> int:
         """This process's DP replica (FSDP ranks of one replica share it: see data_rank)."""
-        return (self.rank // (self.tp * self.fsdp)) % self.dp
+        return self.config.coords(self.rank)[1]
 
     @property
     def data_size(self) -> int:
@@ -58,12 +66,12 @@ class Layout:
     @property
     def data_rank(self) -> int:
         """Which part of the batch this rank trains on, of `data_size` (the same on every TP rank)."""
-        return self.dp_rank * self.fsdp + self.fsdp_rank
+        return self.config.data_rank(self.rank)
 
     @property
     def pp_rank(self) -> int:
         """This process's pipeline stage (0 = the first)."""
-        return self.rank // (self.tp * self.fsdp * self.dp)
+        return self.config.coords(self.rank)[0]
 
     @property
     def is_first_stage(self) -> bool:
@@ -77,12 +85,14 @@ class Layout:
     def prev_rank(self) -> int | None:
         """Global rank of the previous stage's process with this DP and TP rank (None on the first stage):
         where activations come from and gradients go to."""
-        return None if self.is_first_stage else self.rank - self.tp * self.fsdp * self.dp
+        return None if self.is_first_stage else \
+            self.config.rank(self.pp_rank - 1, self.dp_rank, self.tp_rank, self.fsdp_rank)
 
     @property
     def next_rank(self) -> int | None:
         """Global rank of the next stage's process with this DP and TP rank (None on the last stage)."""
-        return None if self.is_last_stage else self.rank + self.tp * self.fsdp * self.dp
+        return None if self.is_last_stage else \
+            self.config.rank(self.pp_rank + 1, self.dp_rank, self.tp_rank, self.fsdp_rank)
 
     @property
     def tp_mesh(self):
@@ -114,7 +124,7 @@ class Layout:
 
     @property
     def name(self) -> str:
-        return f"pp{self.pp}tp{self.tp}dp{self.dp}" + (f"fsdp{self.fsdp}" if self.fsdp > 1 else "")
+        return str(self.config)
 
 
 def parse_layout(text: str, rank: int, world: int) -> Layout:

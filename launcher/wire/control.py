@@ -191,10 +191,10 @@ class Control:
         read were cleared (compare-and-set: no report came in between), else their number."""
         if not self.has("losses"):
             return [], 0
-        raw = self.store.get("losses")
-        lines = raw.decode().splitlines()
+        text = self.store.get("losses").decode()
+        lines = text.splitlines()
         new = [(int(step), float(loss), str(layout)) for step, loss, layout in map(json.loads, lines[seen:])]
-        if raw and self.store.compare_set("losses", raw.decode(), "") == b"":
+        if text and self.store.compare_set("losses", text, "") == b"":
             return new, 0
         return new, len(lines)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from migrate.layout import ModelSpec, ParallelConfig
-from migrate.state import LocalState, held_tensors, rank_workload, shard_range
+from migrate.state import LocalState, shard_range
+from migrate.workload import held_tensors, rank_workload
 
 
 def assemble(model: ModelSpec, cfg: ParallelConfig, devices: list[int], states: dict[int, LocalState]
