@@ -5,7 +5,7 @@ the commands and turns their output into plain frozen dataclasses. Parsing is se
 running (the `parse_*` functions take the commands' text), so tests check it against recorded
 output and against the real testbed. Read-only: it never changes anything in Slurm.
 
-What it may import of launcher/: only the pure Slurm modules, launcher.backends.slurm.hostlist,
+What it may import of launcher/: only the pure Slurm modules, launcher.backends.slurm.hostlist, .slurm_json,
 .gres, .parse, .commands and .holdings (text in, values out, nothing run), so that Slurm's host
 lists, GRES strings and job states are read by one piece of code for the launcher and the dashboard
 alike. Nothing that runs Slurm commands, starts processes or talks to a job: the dashboard only
@@ -13,15 +13,16 @@ reads, and the launcher's client could change Slurm.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from launcher.backends.slurm import hostlist
 from launcher.backends.slurm.gres import gres_count, gres_indices
-from launcher.backends.slurm.parse import HOLDING_STATES, state_str
+from launcher.backends.slurm.commands import build_sinfo_command, build_squeue_command
+from launcher.backends.slurm.parse import HOLDING_STATES, parse_slurm_version
+from launcher.backends.slurm.slurm_json import SlurmFormatError, job_records, json_format, node_records
 
 
 class SlurmReadError(RuntimeError):
@@ -85,58 +86,38 @@ def expand_hostlist(text: str) -> list[str]:
         raise SlurmReadError(str(exc)) from None
 
 
-def _load(text: str, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmReadError(f"{what} printed no JSON ({exc.msg} at line {exc.lineno})") from None
-    errors = [e for e in data.get("errors") or [] if e]
-    if errors:
-        raise SlurmReadError(f"{what} reported: {errors[0]}")
-    return data
-
-
 def parse_sinfo(text: str) -> list[SlurmNode]:
-    """`sinfo --json` -> nodes, one per name (sinfo lists a node once per partition on some versions)."""
-    nodes: dict[str, SlurmNode] = {}
-    for n in _load(text, "sinfo --json").get("nodes", []):
-        name = n["name"]
-        parts = tuple(n.get("partitions") or ())
-        if name in nodes:
-            parts = tuple(dict.fromkeys(nodes[name].partitions + parts))
-        state = n.get("state") or "unknown"
-        flags = list(n.get("state_flags") or ())
-        if isinstance(state, list):  # newer Slurm: one list of base state and flags
-            state, flags = (state[0] if state else "unknown"), list(state[1:]) + flags
-        nodes[name] = SlurmNode(name, parts, gres_count(n.get("gres", "")), str(state).lower(),
-                                tuple(str(f).upper() for f in flags), n.get("reason") or "")
-    return list(nodes.values())
+    """`sinfo --json` of any release -> nodes, one per name (launcher.backends.slurm.slurm_json)."""
+    try:
+        records = node_records(text)
+    except SlurmFormatError as exc:
+        raise SlurmReadError(str(exc)) from None
+    return [SlurmNode(n.name, n.partitions, gres_count(n.gres), n.state, n.flags, n.reason) for n in records]
 
 
 def parse_squeue(text: str) -> list[SlurmJob]:
-    """`squeue --json` -> the jobs that hold resources, with the GPU indices they hold per node."""
+    """`squeue --json` of any release -> the jobs that hold resources, with the GPU indices they hold per node."""
+    try:
+        records = job_records(text)
+    except SlurmFormatError as exc:
+        raise SlurmReadError(str(exc)) from None
     jobs = []
-    for j in _load(text, "squeue --json").get("jobs", []):
-        state = state_str(j.get("job_state"))
-        if state not in HOLDING_STATES:
+    for j in records:
+        if j.state not in HOLDING_STATES:
             continue
-        alloc = (j.get("job_resources") or {}).get("allocated_nodes") or []
-        names = [a["nodename"] for a in alloc] or expand_hostlist(j.get("nodes") or "")
-        details = list(j.get("gres_detail") or [])
-        per_node = gres_count((j.get("tres_per_node") or "").removeprefix("gres:"))
+        names = list(j.allocated) or expand_hostlist(j.nodes)
+        per_node = gres_count(j.tres_per_node)
         gpus: dict[str, tuple[int, ...]] = {}
         unknown: dict[str, int] = {}
         for i, node in enumerate(names):
-            idx = gres_indices(details[i]) if i < len(details) else None
+            idx = gres_indices(j.gres_detail[i]) if i < len(j.gres_detail) else None
             if idx is None:
                 if per_node:
                     unknown[node] = per_node
             elif idx:
                 gpus[node] = idx
-        het = int(j.get("het_job_id") or 0)
-        jobs.append(SlurmJob(str(j["job_id"]), j.get("name") or "", j.get("user_name") or "", state,
-                             j.get("partition") or "", gpus, unknown, j.get("batch_host") or "",
-                             str(het) if het else "", int(j.get("het_job_offset") or 0)))
+        jobs.append(SlurmJob(str(j.job_id), j.name, j.user, j.state, j.partition, gpus, unknown, j.batch_host,
+                             str(j.het_job_id) if j.het_job_id else "", j.het_job_offset))
     return jobs
 
 
@@ -169,9 +150,25 @@ def _run(argv: Sequence[str], env: Mapping[str, str] | None, timeout: float) -> 
     return proc.stdout
 
 
+_RELEASES: dict[str, tuple[int, int]] = {}  # SLURM_CONF -> the release its tools are, read once
+
+
+def slurm_release(env: Mapping[str, str] | None, timeout: float) -> tuple[int, int]:
+    """The Slurm release of the client tools (`scontrol --version`), read once per configuration."""
+    key = (env or {}).get("SLURM_CONF") or os.environ.get("SLURM_CONF", "")
+    if key not in _RELEASES:
+        try:
+            _RELEASES[key] = parse_slurm_version(_run(["scontrol", "--version"], env, timeout))
+        except ValueError as exc:
+            raise SlurmReadError(str(exc)) from None
+    return _RELEASES[key]
+
+
 def read_slurm(env: Mapping[str, str] | None = None, timeout: float = 10.0) -> SlurmSnapshot:
-    """Ask Slurm now (three short read-only commands); SlurmReadError says what went wrong."""
-    nodes = parse_sinfo(_run(["sinfo", "--json"], env, timeout))
-    jobs = parse_squeue(_run(["squeue", "--json"], env, timeout))
+    """Ask Slurm now (short read-only commands, in the JSON format the release offers); SlurmReadError
+    says what went wrong."""
+    fmt = json_format(slurm_release(env, timeout))
+    nodes = parse_sinfo(_run(build_sinfo_command(fmt), env, timeout))
+    jobs = parse_squeue(_run(build_squeue_command(fmt=fmt), env, timeout))
     reservations = parse_reservations(_run(["scontrol", "-o", "show", "reservation"], env, timeout))
     return SlurmSnapshot(tuple(nodes), tuple(jobs), tuple(reservations))

@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                                              fork_server=not args.fresh_processes,
                                              node_gpus=opts.node_gpus)
         check_allocation(opts, backend)
+        if hasattr(backend, "read_age_s"):  # Slurm: the policy's partition is read at least every --policy-watch
+            backend.read_age_s = min(backend.read_age_s, opts.policy_watch)
         if opts.policy == "opportunistic" and backend.cluster_view() is None:
             raise UsageError("--policy opportunistic reads a Slurm partition's idle nodes and queue, and none could "
                              "be read: run it in an sbatch allocation (the local backend has neither)")

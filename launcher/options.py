@@ -134,9 +134,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="opportunistic: seconds after any resize before the next grow (default 60)")
     p.add_argument("--policy-max-per-hour", type=int, default=12, metavar="N",
                    help="opportunistic: at most this many policy resizes in any hour, yields included (default 12)")
-    p.add_argument("--policy-watch", type=float, default=2.0, metavar="S",
-                   help="seconds between two looks at the partition (sinfo, squeue): a pending job waits up to "
-                        "this long before the job starts giving nodes back (default 2; at least 0.5)")
+    p.add_argument("--policy-watch", type=float, default=30.0, metavar="S",
+                   help="seconds between two looks at the partition (sinfo, squeue: 3 requests to slurmctld): a "
+                        "pending job waits up to this long before the job starts giving nodes back (default 30, "
+                        "Slurm's own backfill interval; at least 0.5)")
     p.add_argument("--on-signal", choices=SIGNAL_ACTIONS, default="shrink",
                    help="what SIGUSR1 (Slurm's warning, #SBATCH --signal=B:USR1@60) does: shrink to MIN nodes, "
                         "suspend (stop the workers at a step boundary, mark the job suspended), or ignore "
@@ -233,7 +234,7 @@ class Options:
     policy_idle: float = 30.0
     policy_dwell: float = 60.0
     policy_max_per_hour: int = 12
-    policy_watch: float = 2.0  # seconds between looks at the partition (launcher.loop.autoscale)
+    policy_watch: float = 30.0  # seconds between looks at the partition (launcher.loop.autoscale)
 
 
 def options_from_args(args: argparse.Namespace) -> Options:

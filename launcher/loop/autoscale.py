@@ -19,7 +19,7 @@ from dataclasses import asdict
 from launcher.policy.opportunistic import ClusterView, Decision, OpportunisticPolicy
 from launcher.policy.peers import policy_mark
 
-WATCH_S = 2.0  # how often the cluster is read, unless --policy-watch says otherwise
+WATCH_S = 30.0  # how often the cluster is read, unless --policy-watch says otherwise (Slurm's backfill interval)
 REQUESTER = "policy"  # requested_by starts with it: launcher.loop.requests records trigger `policy`
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-WATCH_S = 10.0  # how often the backend is asked which of the job's nodes drain
+WATCH_S = 30.0  # how often the backend is asked which of the job's nodes drain (a drain waits for jobs to end)
 
 
 class DrainWatch:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import time
 
 SETTLE_S = 2.0  # after the first suspicion: the time survivors take to fail and post theirs
-WATCH_S = 10.0  # how often the cluster's own view of the nodes is read while nothing is suspected
+WATCH_S = 30.0  # how often the cluster's own view of the nodes is read while nothing is suspected (a few RPCs a
+# minute; Slurm's own pings take SlurmdTimeout, 300 s by default, to call a node down)
 
 
 class NodeProbe:

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.loop.rank_errors import first_failure
-from launcher.wire.env import ENV_ERROR_DIR, ENV_RANK_BASE
+from launcher.backends.slurm.hostlist import compress_hostlist
+from launcher.wire.env import ENV_ERROR_DIR, ENV_RANK_BASE, ENV_SRUN_PREFIX
 from launcher.wire.guarded_store import GuardedStoreServer
 from launcher.wire.local_peer import same_user
 from launcher.loop.outcome import MigrationFailed, Outcome
@@ -44,6 +45,36 @@ def torchrun_env(*, master_addr: str, master_port: int, node_rank: int, node_siz
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts), "OMP_NUM_THREADS": "1",
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             ENV_ERROR_DIR: error_dir}
+
+
+def srun_world_env(nodes: Sequence[str], node_rank: int, node_sizes: Sequence[int]) -> dict[str, str]:
+    """The node-level SLURM_* variables `srun --ntasks=N python train.py` gives on the world's nodes
+    (N the world size, `nodes` in rank order), carried under ELASTIC_SRUN_ since srun overwrites
+    SLURM_* in every task; launcher.runtime.torchrun_exec renames them and adds SLURM_PROCID,
+    SLURM_LOCALID and SLURM_GTIDS per task. A script that reads its ranks as an srun-launched one does
+    (Lightning's SLURMEnvironment, submitit) sees the world's, not one node's step."""
+    world, count = sum(node_sizes), len(node_sizes)
+    hostlist = compress_hostlist(list(nodes))
+    per_node = tasks_per_node(node_sizes)
+    out = {"SLURM_NTASKS": world, "SLURM_NPROCS": world, "SLURM_STEP_NUM_TASKS": world,
+           "SLURM_NNODES": count, "SLURM_JOB_NUM_NODES": count, "SLURM_STEP_NUM_NODES": count,
+           "SLURM_NODEID": node_rank, "SLURM_NODELIST": hostlist, "SLURM_JOB_NODELIST": hostlist,
+           "SLURM_STEP_NODELIST": hostlist, "SLURM_TASKS_PER_NODE": per_node, "SLURM_STEP_TASKS_PER_NODE": per_node,
+           "SLURM_JOB_CPUS_PER_NODE": per_node}
+    if len(set(node_sizes)) == 1:  # srun sets it only for --ntasks-per-node, which uneven nodes cannot have
+        out["SLURM_NTASKS_PER_NODE"] = node_sizes[0]
+    return {f"{ENV_SRUN_PREFIX}{k}": str(v) for k, v in out.items()}
+
+
+def tasks_per_node(sizes: Sequence[int]) -> str:
+    """Slurm's form of tasks per node: [2, 2, 1] -> '2(x2),1'."""
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return ",".join(f"{size}(x{n})" if n > 1 else str(size) for size, n in runs)
 
 
 def worker_command(command) -> list[str]:
@@ -117,7 +148,8 @@ class RestartMode:
                    **torchrun_env(master_addr=self.opts.master_addr, master_port=port, node_rank=pos,
                                   node_sizes=sizes, restart_count=self.count,
                                   run_id=f"{self.opts.job_name}-{self.recorder.job_id}",
-                                  max_restarts=self.opts.max_restarts, error_dir=str(self.error_dir()))}
+                                  max_restarts=self.opts.max_restarts, error_dir=str(self.error_dir())),
+                   **srun_world_env(nodes, pos, sizes)}
             self.ctl.forget_workers(self.holdings.node_devices(n))  # an earlier world's processes said hello and ready
             self.log(f"starting workers on {n} (restart {self.count}, group rank {pos})")
             self.workers.start(n, env, worker_command(self.opts.command))

@@ -11,7 +11,12 @@ index ($ELASTIC_LOCAL_ID, else $SLURM_LOCALID):
 
 ($ELASTIC_RANK_BASE: the rank of the node's first worker, which nodes of different sizes need; without
 it GROUP_RANK * LOCAL_WORLD_SIZE, nodes alike), then the process is replaced by PROGRAM (same pid, so
-the launcher's SIGTERM reaches it). A program that cannot be started is reported in one line (exit
+the launcher's SIGTERM reaches it).
+
+Under Slurm the worker also gets srun's contract for the whole world, as `srun --ntasks=WORLD python
+train.py` would set it: SLURM_PROCID = RANK, SLURM_LOCALID = LOCAL_RANK, SLURM_GTIDS, and the world's
+SLURM_NTASKS, SLURM_NNODES, SLURM_NODEID, node lists and tasks per node, which the launcher carries
+past srun as $ELASTIC_SRUN_* (srun sets its own step's -- one node's -- in every task). A program that cannot be started is reported in one line (exit
 127), not a traceback.
 """
 from __future__ import annotations
@@ -21,7 +26,7 @@ import shutil
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 
-from launcher.wire.env import ENV_ERROR_DIR, ENV_LOCAL_ID, ENV_RANK_BASE
+from launcher.wire.env import ENV_ERROR_DIR, ENV_LOCAL_ID, ENV_RANK_BASE, ENV_SRUN_PREFIX
 
 
 def rank_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -34,7 +39,19 @@ def rank_env(env: Mapping[str, str]) -> dict[str, str]:
     out = {"LOCAL_RANK": str(local), "RANK": str(rank), "ROLE_RANK": str(rank)}
     if env.get(ENV_ERROR_DIR):  # torch.distributed.elastic's @record writes a failing rank's traceback there
         out["TORCHELASTIC_ERROR_FILE"] = os.path.join(env[ENV_ERROR_DIR], f"rank-{rank}", "error.json")
+    if "SLURM_JOB_ID" in env:
+        out.update(srun_env(env, rank, local))
     return out
+
+
+def srun_env(env: Mapping[str, str], rank: int, local: int) -> dict[str, str]:
+    """The world's SLURM_* variables of this task (see the module's docstring)."""
+    carried = {k[len(ENV_SRUN_PREFIX):]: v for k, v in env.items() if k.startswith(ENV_SRUN_PREFIX)}
+    if not carried:
+        return {}
+    first = rank - local
+    return {**carried, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local),
+            "SLURM_GTIDS": ",".join(str(first + i) for i in range(int(env.get("LOCAL_WORLD_SIZE", "1"))))}
 
 
 def program(argv: Sequence[str]) -> list[str]:
@@ -76,6 +93,9 @@ def main(argv: Sequence[str] | None = None, env: MutableMapping[str, str] = os.e
         print("launcher.runtime.torchrun_exec: give the program to run after --", file=sys.stderr)
         return 2
     env.update(rank_env(env))
+    if "SLURM_PROCID" in env and f"{ENV_SRUN_PREFIX}SLURM_NODEID" in env and \
+            f"{ENV_SRUN_PREFIX}SLURM_NTASKS_PER_NODE" not in env:
+        env.pop("SLURM_NTASKS_PER_NODE", None)  # the node's step's: a world of uneven nodes has none
     if env.get("TORCHELASTIC_ERROR_FILE"):
         os.makedirs(os.path.dirname(env["TORCHELASTIC_ERROR_FILE"]), exist_ok=True)
     cmd = program(args)

@@ -33,19 +33,21 @@ from pathlib import Path
 
 from launcher.testbed import crash
 from launcher.testbed.config import (
-    DBD_PORT,
     DEFAULT_GPUS,
     DEFAULT_ROOT,
     MUNGE_SOCKET,
     MYSQL_SOCKET,
     gres_conf_text,
     node_names,
+    has_accounting,
     parse_gpus,
+    ports_for,
     slurm_conf_text,
 )
 from launcher.testbed.daemons import Daemon, DaemonProcesses, port_open, testbed_daemons
 from launcher.testbed.errors import TestbedError
 from launcher.testbed.layout import config_matches, shape_path, slurm_conf_path, write_layout
+from launcher.testbed.roots import SLURM_VERSIONS, inside_root
 from launcher.testbed.services import ensure_installed, munge_works, start_mariadb, start_munge
 
 UP_TIMEOUT_S = 60.0
@@ -68,6 +70,10 @@ class Testbed:
         self.verbose = verbose
         self.gpus = tuple(gpus)
         self.nodes = node_names(self.gpus)
+        # the Slurm release this testbed runs: the host's (Debian 12), or the root's this process runs in
+        self.release = next((v for v in SLURM_VERSIONS if (inside_root() or "").startswith(v + ".")),
+                            SLURM_VERSIONS[0])
+        self.ports = ports_for(self.release)
         self.processes = DaemonProcesses(self.root, self._full_env)
 
     @classmethod
@@ -165,15 +171,16 @@ class Testbed:
             # Another shape is up: only slurmctld (-c: no jobs kept) and the slurmd change.
             self._log(f"reshaping to {len(self.nodes)} nodes with GPUs {','.join(map(str, self.gpus))}")
             self._stop_slurm()
-            write_layout(self.root, self.gpus)
+            write_layout(self.root, self.gpus, self.release)
         else:
             # Half-up (a daemon died, or left over from a crash): restart cleanly.
             self.down(quiet=True)
             ensure_installed(self._log)
-            write_layout(self.root, self.gpus)
+            write_layout(self.root, self.gpus, self.release)
             start_munge(self.processes, self._daemon("munged"), self.root, self._log)
-            start_mariadb(self.processes, self._daemon("mariadb"), self.root, self._log)
-            self._start_slurmdbd()
+            if has_accounting(self.release):
+                start_mariadb(self.processes, self._daemon("mariadb"), self.root, self._log)
+                self._start_slurmdbd()
         self._start_slurmctld()
         self._start_slurmds()
         self._wait_nodes_idle(deadline=time.monotonic() + timeout)
@@ -181,10 +188,10 @@ class Testbed:
         return self.slurm_conf
 
     def _config_matches(self) -> bool:
-        return config_matches(self.root, self.gpus)
+        return config_matches(self.root, self.gpus, self.release)
 
     def _slurm_conf_text(self) -> str:
-        return slurm_conf_text(self.root, self.gpus)
+        return slurm_conf_text(self.root, self.gpus, self.release)
 
     def _gres_conf_text(self) -> str:
         return gres_conf_text(self.root, self.gpus)
@@ -204,7 +211,7 @@ class Testbed:
 
     # -------------------------------------------------------------- daemons
     def _daemons(self) -> list[Daemon]:
-        return testbed_daemons(self.root, self.nodes)
+        return testbed_daemons(self.root, self.nodes, has_accounting(self.release))
 
     def _daemon(self, name: str) -> Daemon:
         return next(d for d in self._daemons() if d.name == name)
@@ -216,7 +223,8 @@ class Testbed:
         self._log("starting slurmdbd")
         d = self._daemon("slurmdbd")
         self._spawn(d)
-        self.processes.wait(f"waiting for slurmdbd on port {DBD_PORT}", lambda: port_open(DBD_PORT), d)
+        port = self.ports.dbd
+        self.processes.wait(f"waiting for slurmdbd on port {port}", lambda: port_open(port), d)
 
     def _start_slurmctld(self) -> None:
         self._log("starting slurmctld")

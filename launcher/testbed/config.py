@@ -6,6 +6,7 @@ byte against the golden files every Slurm test was written against, without star
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_ROOT = Path("/tmp/elastic-testbed")
@@ -22,6 +23,42 @@ PARTITION = "debug"
 CTLD_PORT = 26817
 DBD_PORT = 26819
 SLURMD_BASE_PORT = 26901  # n1 -> 26901, n2 -> 26902, ...
+HOST_RELEASE = "22.05"  # Debian 12's Slurm; other releases run in a root (launcher.testbed.roots)
+#: each release's ports are 1000 above the one before, so testbeds of several releases run side by side
+RELEASE_PORT_OFFSETS = {"22.05": 0, "24.11": 1000, "26.05": 2000}
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The TCP ports of one testbed: slurmctld, slurmdbd and the first slurmd (n1; n2 the next, ...)."""
+
+    ctld: int
+    dbd: int
+    slurmd_base: int
+
+
+def ports_for(release: str) -> Ports:
+    """The ports of the testbed of Slurm `release` ('24.11')."""
+    offset = RELEASE_PORT_OFFSETS.get(release)
+    if offset is None:
+        raise ValueError(f"no testbed ports for Slurm {release} (known: {', '.join(RELEASE_PORT_OFFSETS)})")
+    return Ports(CTLD_PORT + offset, DBD_PORT + offset, SLURMD_BASE_PORT + offset)
+
+
+def has_accounting(release: str) -> bool:
+    """Whether the testbed of `release` runs slurmdbd and MariaDB. 22.05 needs accounting to resize a job
+    more than once ("the DB index is being set"); Debian's slurmdbd 24.11 and 26.05 cannot run on the
+    MariaDB 11.8 their releases ship (fatal in _check_mysql_concat_is_sane, error 5027), so those
+    testbeds run without it, and what needs sacct says so there."""
+    return release == HOST_RELEASE
+
+
+def cgroup_conf_text(release: str) -> str | None:
+    """cgroup.conf beside slurm.conf, or None for none: Slurm 23.02 and later load a cgroup plugin even
+    with proctrack/linuxproc and need it disabled (the testbed runs no cgroups); 22.05 rejects `disabled`."""
+    if release == HOST_RELEASE:
+        return None
+    return "# Written by launcher/testbed; no cgroups on the testbed.\nCgroupPlugin=disabled\n"
 
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
 MYSQL_SOCKET_DIR = Path("/run/mysqld")
@@ -58,16 +95,17 @@ def node_names(gpus: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(f"n{i + 1}" for i in range(len(gpus)))
 
 
-def slurm_conf_text(root: Path, gpus: tuple[int, ...]) -> str:
+def slurm_conf_text(root: Path, gpus: tuple[int, ...], release: str = HOST_RELEASE) -> str:
     r = root
-    last_port = SLURMD_BASE_PORT + len(gpus) - 1
+    ports = ports_for(release)
+    last_port = ports.slurmd_base + len(gpus) - 1
     nodes = f"n[1-{len(gpus)}]"
     return f"""\
 # Written by launcher/testbed.py; rewritten on every `up`.
 ClusterName={CLUSTER_NAME}
 SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort={CTLD_PORT}
-SlurmdPort={SLURMD_BASE_PORT}
+SlurmctldPort={ports.ctld}
+SlurmdPort={ports.slurmd_base}
 AuthType=auth/munge
 AuthInfo=socket={MUNGE_SOCKET}
 CredType=cred/munge
@@ -91,10 +129,7 @@ MpiDefault=none
 SlurmdParameters=config_overrides
 GresTypes=gpu
 ReturnToService=2
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
-AccountingStoragePort={DBD_PORT}
-JobAcctGatherType=jobacct_gather/none
+{_accounting_lines(release, ports)}JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 SlurmctldTimeout=30
 SlurmdTimeout=30
@@ -102,19 +137,26 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=300
 MessageTimeout=10
-{_node_lines(gpus, last_port)}
+{_node_lines(gpus, ports.slurmd_base, last_port)}
 PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
 """ + "".join(f"PartitionName={name} Nodes={','.join(members)} MaxTime=INFINITE State=UP\n"
               for name, members in uneven_partitions(gpus).items())
 
 
-def _node_lines(gpus: tuple[int, ...], last_port: int) -> str:
+def _accounting_lines(release: str, ports: Ports) -> str:
+    if not has_accounting(release):
+        return "AccountingStorageType=accounting_storage/none\n"
+    return ("AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\n"
+            f"AccountingStoragePort={ports.dbd}\n")
+
+
+def _node_lines(gpus: tuple[int, ...], first_port: int, last_port: int) -> str:
     """One NodeName line for all nodes when they are alike (the default's exact text), else one
     per node with its own port, GPUs and CPUs (a node gets max(4, GPUs) CPUs: a task per GPU)."""
     if len(set(gpus)) == 1:
-        groups = [(f"n[1-{len(gpus)}]", f"{SLURMD_BASE_PORT}-{last_port}", gpus[0])]
+        groups = [(f"n[1-{len(gpus)}]", f"{first_port}-{last_port}", gpus[0])]
     else:
-        groups = [(n, str(SLURMD_BASE_PORT + i), g) for i, (n, g) in enumerate(zip(node_names(gpus), gpus))]
+        groups = [(n, str(first_port + i), g) for i, (n, g) in enumerate(zip(node_names(gpus), gpus))]
     return "\n".join(
         f"NodeName={names} NodeHostname=localhost NodeAddr=127.0.0.1 Port={ports} "
         f"CPUs={max(CPUS_PER_NODE, g)} Sockets=1 CoresPerSocket={max(CPUS_PER_NODE, g)} ThreadsPerCore=1 "
@@ -131,15 +173,16 @@ def gres_conf_text(root: Path, gpus: tuple[int, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def slurmdbd_conf_text(root: Path) -> str:
+def slurmdbd_conf_text(root: Path, release: str = HOST_RELEASE) -> str:
     r = root
+    port = ports_for(release).dbd
     return f"""\
 # Written by launcher/testbed.py; slurmdbd reads it from SLURM_CONF's folder.
 AuthType=auth/munge
 AuthInfo=socket={MUNGE_SOCKET}
 DbdHost=localhost
 DbdAddr=127.0.0.1
-DbdPort={DBD_PORT}
+DbdPort={port}
 SlurmUser=root
 DebugLevel=info
 LogFile={r}/log/slurmdbd.log

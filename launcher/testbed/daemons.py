@@ -69,8 +69,9 @@ class Daemon:
     exe: str  # program name; /proc/PID/exe is checked against it so a reused pid is never signalled
 
 
-def testbed_daemons(root: Path, nodes: Sequence[str]) -> list[Daemon]:
-    """Every daemon in start order; down() stops them in reverse (slurmd first)."""
+def testbed_daemons(root: Path, nodes: Sequence[str], accounting: bool = True) -> list[Daemon]:
+    """Every daemon in start order; down() stops them in reverse (slurmd first). Without accounting,
+    no MariaDB and no slurmdbd."""
     r = root
     conf = str(slurm_conf_path(root))
     daemons = [
@@ -89,6 +90,10 @@ def testbed_daemons(root: Path, nodes: Sequence[str]) -> list[Daemon]:
             "--innodb-buffer-pool-size=64M", "--skip-log-bin",
         ], "mariadbd"),
         Daemon("slurmdbd", ["slurmdbd", "-D"], "slurmdbd"),
+    ]
+    if not accounting:
+        daemons = daemons[:1]
+    daemons += [
         # -c: forget jobs from a previous session so every `up` starts clean.
         Daemon("slurmctld", ["slurmctld", "-D", "-c", "-f", conf], "slurmctld"),
     ]

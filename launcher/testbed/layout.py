@@ -9,7 +9,14 @@ import os
 import stat
 from pathlib import Path
 
-from launcher.testbed.config import gres_conf_text, node_names, slurm_conf_text, slurmdbd_conf_text
+from launcher.testbed.config import (
+    HOST_RELEASE,
+    cgroup_conf_text,
+    gres_conf_text,
+    node_names,
+    slurm_conf_text,
+    slurmdbd_conf_text,
+)
 
 
 def slurm_conf_path(root: Path) -> Path:
@@ -25,16 +32,16 @@ def shape_path(root: Path) -> Path:
     return root / "etc" / "shape"
 
 
-def config_matches(root: Path, gpus: tuple[int, ...]) -> bool:
+def config_matches(root: Path, gpus: tuple[int, ...], release: str = HOST_RELEASE) -> bool:
     """The files on disk are the ones this shape writes (so the running daemons read them)."""
     try:
-        return (slurm_conf_path(root).read_text() == slurm_conf_text(root, gpus)
+        return (slurm_conf_path(root).read_text() == slurm_conf_text(root, gpus, release)
                 and gres_conf_path(root).read_text() == gres_conf_text(root, gpus))
     except OSError:
         return False
 
 
-def write_layout(root: Path, gpus: tuple[int, ...]) -> None:
+def write_layout(root: Path, gpus: tuple[int, ...], release: str = HOST_RELEASE) -> None:
     """Create folders, fake GPU devices and config files (rewritten on every up)."""
     for sub in ("etc", "log", "run", "state/ctld", "munge", "mysql", "dev"):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -42,11 +49,17 @@ def write_layout(root: Path, gpus: tuple[int, ...]) -> None:
     for node, count in zip(node_names(gpus), gpus):
         (root / "state" / f"slurmd-{node}").mkdir(parents=True, exist_ok=True)
         make_fake_gpus(root / "dev" / node, count)
-    slurm_conf_path(root).write_text(slurm_conf_text(root, gpus))
+    slurm_conf_path(root).write_text(slurm_conf_text(root, gpus, release))
+    cgroup = root / "etc" / "cgroup.conf"
+    cgroup_text = cgroup_conf_text(release)
+    if cgroup_text is None:
+        cgroup.unlink(missing_ok=True)
+    else:
+        cgroup.write_text(cgroup_text)
     gres_conf_path(root).write_text(gres_conf_text(root, gpus))
     shape_path(root).write_text(",".join(map(str, gpus)) + "\n")
     dbd = root / "etc" / "slurmdbd.conf"
-    dbd.write_text(slurmdbd_conf_text(root))
+    dbd.write_text(slurmdbd_conf_text(root, release))
     os.chmod(dbd, 0o600)  # slurmdbd refuses a config others can read
 
 

@@ -55,7 +55,7 @@ def test_gres_strings(gres: str, count: int, idx: tuple[int, ...] | None) -> Non
 
 
 def test_slurm_errors_and_garbage_are_one_line_errors() -> None:
-    with pytest.raises(SlurmReadError, match="sinfo --json printed no JSON"):
+    with pytest.raises(SlurmReadError, match="sinfo --json. did not print JSON"):
         parse_sinfo("sinfo: error: ...")
     with pytest.raises(SlurmReadError, match="reported: Unable to contact"):
         parse_squeue('{"errors": ["Unable to contact slurm controller"], "jobs": []}')
@@ -151,7 +151,7 @@ def test_unreachable_slurm_is_a_503_or_a_fallback(db_url: str, tmp_path: Path) -
     client = strict.test_client()
     login(client, "viewer")
     resp = client.get("/cluster")
-    assert resp.status_code == 503 and "sinfo is not installed" in resp.text
+    assert resp.status_code == 503 and "scontrol is not installed" in resp.text
     auto = create_app({"DB_URL": db_url, "SECRET_KEY": SECRET, "CLUSTER_SOURCE": "auto", "SLURM_ENV": bad})
     client = auto.test_client()
     login(client, "viewer")

@@ -32,11 +32,11 @@ ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL
          "TIMEOUT")  # Slurm's states of a job that has ended
 
 
-def _sbatch(tmp_path: Path, name: str, url: str, launch: str, program: str) -> str:
+def _sbatch(tmp_path: Path, name: str, url: str, launch: str, program: str, nodes: int = 4) -> str:
     return f"""#!/bin/bash
-#SBATCH --nodes=4 --ntasks-per-node=2 --gres=gpu:2 --job-name={name} --output={tmp_path}/batch.out --chdir={tmp_path}
+#SBATCH --nodes={nodes} --ntasks-per-node=2 --gres=gpu:2 --job-name={name} --output={tmp_path}/batch.out --chdir={tmp_path}
 export PYTHONPATH={ROOT}
-exec {sys.executable} -m launcher.launch --backend slurm --nnodes 2:4 --gpus-per-node 2 {launch} --db {url} \\
+exec {sys.executable} -m launcher.launch --backend slurm --nnodes {nodes // 2}:{nodes} --gpus-per-node 2 {launch} --db {url} \\
     --log-dir {tmp_path}/logs --poll 0.1 -- python {ROOT}/examples/{program}
 """
 
@@ -44,11 +44,11 @@ exec {sys.executable} -m launcher.launch --backend slurm --nnodes 2:4 --gpus-per
 class Run:
     """One sbatch'ed example on the testbed, driven like a user drives it."""
 
-    def __init__(self, testbed, tmp_path: Path, name: str, launch: str, program: str) -> None:
+    def __init__(self, testbed, tmp_path: Path, name: str, launch: str, program: str, nodes: int = 4) -> None:
         self.env = {**os.environ, **testbed.env()}
         self.slurm = SlurmCommands(env=testbed.env())
         self.name, self.url, self.out = name, f"sqlite:///{tmp_path}/e.db", tmp_path / "batch.out"
-        self.slurm_id = self.slurm.submit(_sbatch(tmp_path, name, self.url, launch, program))
+        self.slurm_id = self.slurm.submit(_sbatch(tmp_path, name, self.url, launch, program, nodes))
         self.store: Store | None = None
 
     def state(self) -> str | None:

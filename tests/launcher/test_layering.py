@@ -13,7 +13,8 @@ from tests.paths import ROOT
 PACKAGES = ("launcher", "dashboard", "db", "migrate")
 # what the dashboard may import of the launcher: pure Slurm text and decisions, no process of it
 DASHBOARD_MAY = ("launcher.backends.slurm.hostlist", "launcher.backends.slurm.gres", "launcher.backends.slurm.commands",
-                 "launcher.backends.slurm.parse", "launcher.backends.slurm.holdings")
+                 "launcher.backends.slurm.parse", "launcher.backends.slurm.holdings",
+                 "launcher.backends.slurm.slurm_json")
 
 
 def _modules() -> dict[str, set[str]]:

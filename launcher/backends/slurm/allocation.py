@@ -23,7 +23,8 @@ from typing import Any
 
 from launcher.backends.slurm.gres import gres_count
 from launcher.backends.slurm.hostlist import expand_hostlist
-from launcher.backends.slurm.parse import HOLDING_STATES, load_json, parse_key_values, state_str
+from launcher.backends.slurm.parse import HOLDING_STATES, parse_key_values
+from launcher.backends.slurm.slurm_json import job_records
 
 _DETAIL = re.compile(r"^\s+Nodes=(?P<nodes>\S+)\s")
 _DETAIL_GRES = re.compile(r"\sGRES=(?P<gres>\S*)")
@@ -124,24 +125,18 @@ def parse_show_job_detail(text: str) -> Allocation:
 
 
 def parse_squeue_allocation(text: str, job_id: int) -> Allocation:
-    """`squeue --json` -> the Allocation of job `job_id` (a leader's or a plain job's id)."""
-    entries = [j for j in load_json(text, "squeue --json").get("jobs", []) if _belongs(j, job_id)]
+    """`squeue --json` (any release) -> the Allocation of job `job_id` (a leader's or a plain job's id)."""
+    entries = [j for j in job_records(text) if (j.het_job_id or j.job_id) == job_id]
     if not entries:
         raise ValueError(f"job {job_id} is not in the squeue output")
     components = []
     for job in entries:
-        if state_str(job.get("job_state", "")) not in HOLDING_STATES:
+        if job.state not in HOLDING_STATES:
             continue
-        resources: dict[str, Any] = job.get("job_resources") or {}
-        nodes = [n["nodename"] for n in resources.get("allocated_nodes") or []] or expand_hostlist(job.get("nodes") or "")
-        detail = list(job.get("gres_detail") or [])
+        nodes = list(job.allocated) or expand_hostlist(job.nodes)
+        detail = job.gres_detail
         components.append(Component(
-            offset=int(job.get("het_job_offset") or 0), job_id=int(job["job_id"]), nodes=tuple(nodes),
+            offset=job.het_job_offset, job_id=job.job_id, nodes=tuple(nodes),
             gpus=tuple(gres_count(detail[i]) if i < len(detail) else 0 for i in range(len(nodes))),
-            partition=job.get("partition") or "", batch_host=job.get("batch_host") or None))
+            partition=job.partition, batch_host=job.batch_host or None))
     return Allocation(job_id, tuple(sorted(components, key=lambda c: c.offset)))
-
-
-def _belongs(entry: dict[str, Any], job_id: int) -> bool:
-    het = int(entry.get("het_job_id") or 0)
-    return het == job_id if het else int(entry["job_id"]) == job_id

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -38,6 +39,7 @@ from launcher.backends.slurm.hostlist import compress_hostlist
 from launcher.backends.slurm.parse import (
     JobInfo,
     NodeInfo,
+    node_state_words,
     parse_node_states,
     parse_sbatch_output,
     parse_scontrol_show_job,
@@ -47,6 +49,7 @@ from launcher.backends.slurm.parse import (
     parse_step_on_node,
     submitted_no_kill,
 )
+from launcher.backends.slurm.slurm_json import json_format
 
 DEFAULT_TIMEOUT_S = 30.0
 _STATUS_HINT = "check that slurmctld is up (`scontrol ping`; for the local testbed `elastic testbed status`)"
@@ -100,9 +103,9 @@ class SlurmClient(Protocol):
 
     def signal_step_on(self, job_id: int, node: str, sig: int | str) -> str | None: ...
 
-    def nodes(self) -> list[NodeInfo]: ...
+    def nodes(self, max_age: float = 0.0) -> list[NodeInfo]: ...
 
-    def node_states(self, nodes: Sequence[str]) -> dict[str, tuple[str, bool]]: ...
+    def node_states(self, nodes: Sequence[str], max_age: float = 0.0) -> dict[str, tuple[str, bool]]: ...
 
     def no_kill(self, job_id: int) -> bool | None: ...
 
@@ -130,6 +133,8 @@ class SlurmCommands:
         self.extra_env = dict(env or {})
         self.runner = runner or subprocess_runner
         self.timeout = timeout
+        self._release: tuple[int, int] | None = None  # the tools' Slurm release, read on first need
+        self._nodes_read: tuple[float, list[NodeInfo]] | None = None  # (when, every node): `nodes(max_age=)`
 
     def _env(self, more: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
@@ -169,13 +174,31 @@ class SlurmCommands:
                                                "check the job id with `squeue`; finished jobs vanish after MinJobAge"))
 
     def jobs(self) -> list[JobInfo]:
-        return parse_squeue_json(self._run(build_squeue_command(), "listing jobs", _STATUS_HINT))
+        return parse_squeue_json(self._run(build_squeue_command(fmt=self.json_format()), "listing jobs", _STATUS_HINT))
 
-    def nodes(self) -> list[NodeInfo]:
-        return parse_sinfo_json(self._run(build_sinfo_command(), "listing nodes", _STATUS_HINT))
+    def nodes(self, max_age: float = 0.0) -> list[NodeInfo]:
+        """Every node; a read at most `max_age` seconds old is answered again without asking slurmctld (the
+        routine looks -- node health, drains, the policy's partition -- share one read: two RPCs, node and
+        partition info, whatever asks)."""
+        now = time.monotonic()
+        if self._nodes_read is None or now - self._nodes_read[0] > max_age:
+            read = parse_sinfo_json(self._run(build_sinfo_command(self.json_format()), "listing nodes", _STATUS_HINT))
+            self._nodes_read = (now, read)
+        return list(self._nodes_read[1])
 
-    def node_states(self, nodes: Sequence[str]) -> dict[str, tuple[str, bool]]:
-        """node -> (state, answering) of `nodes` (slurm.parse.parse_node_states)."""
+    def json_format(self) -> str | None:
+        """The JSON format to ask squeue and sinfo for, from the release read once (slurm_json.json_format)."""
+        if self._release is None:
+            self._release = self.version()
+        return json_format(self._release)
+
+    def node_states(self, nodes: Sequence[str], max_age: float = 0.0) -> dict[str, tuple[str, bool]]:
+        """node -> (state, answering) of `nodes` (slurm.parse.parse_node_states); with `max_age`, from the
+        shared read of every node (`nodes`) where that is fresh enough, else asked now."""
+        if max_age > 0:
+            known = {n.name: n for n in self.nodes(max_age)}
+            if all(n in known for n in nodes):
+                return {n: node_state_words(known[n]) for n in nodes}
         return parse_node_states(self._run(build_node_states_command(nodes), "reading node states", _STATUS_HINT))
 
     def probe_node(self, job_id: int, node: str, timeout: float, het_group: int | None = None,

@@ -96,16 +96,18 @@ def build_show_job_command(job_id: int | str, detail: bool = False) -> list[str]
     return ["scontrol", "show", *(["-d"] if detail else []), "job", str(job_id)]
 
 
-def build_squeue_command(job_ids: Sequence[int | str] = ()) -> list[str]:
-    """`squeue --json`, optionally limited to some jobs."""
-    cmd = ["squeue", "--json"]
+def build_squeue_command(job_ids: Sequence[int | str] = (), fmt: str | None = None) -> list[str]:
+    """`squeue --json`, optionally limited to some jobs; `fmt` names the JSON format (v0.0.42), where the
+    release has named ones (launcher.backends.slurm.slurm_json.json_format)."""
+    cmd = ["squeue", f"--json={fmt}" if fmt else "--json"]
     if job_ids:
         cmd.append(f"--jobs={','.join(str(j) for j in job_ids)}")
     return cmd
 
 
-def build_sinfo_command() -> list[str]:
-    return ["sinfo", "--json"]
+def build_sinfo_command(fmt: str | None = None) -> list[str]:
+    """`sinfo --json` (`--json=v0.0.42` with a named format)."""
+    return ["sinfo", f"--json={fmt}" if fmt else "--json"]
 
 
 def build_node_states_command(nodes: Sequence[str]) -> list[str]:

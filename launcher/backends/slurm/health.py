@@ -21,24 +21,25 @@ NOT_FREE = {"RESERVED", "DRAIN", "DRAINING", "PLANNED", "MAINTENANCE", "POWERED_
 PROBE_STEP_S = 15.0  # a one-task step on a node whose slurmd is gone: srun gives up after MessageTimeout (10 s)
 
 
-def find_draining(slurm, nodes: Sequence[str]) -> dict[str, str]:
-    """node -> what Slurm says, for the `nodes` it drains (DRAINING, DRAINED, or a state with +DRAIN)."""
+def find_draining(slurm, nodes: Sequence[str], max_age: float = 0.0) -> dict[str, str]:
+    """node -> what Slurm says, for the `nodes` it drains (DRAINING, DRAINED, or a state with +DRAIN); a read of
+    the nodes up to `max_age` s old will do (the routine looks share one)."""
     try:
-        states = slurm.node_states(nodes)
+        states = slurm.node_states(nodes, max_age=max_age)
     except SlurmError as exc:  # slurmctld busy: asked again at the next look
         print(f"[elastic-launch] reading node states failed: {exc}", file=sys.stderr, flush=True)
         return {}
     return {n: f"Slurm says it is {state}" for n, (state, _) in states.items() if n in nodes and "drain" in state}
 
 
-def partition_view(slurm, partition: str, own: set[int]):
+def partition_view(slurm, partition: str, own: set[int], max_age: float = 0.0):
     """What launcher.policy.opportunistic reads: the free idle nodes of `partition` (all partitions when empty;
     NOT_FREE flags keep a node out), the jobs pending there but the elastic job's own (`own`: itself, its
     companions), and the opportunistic elastic jobs running there (their Slurm comments: launcher.policy.peers)."""
     from launcher.policy.opportunistic import pending_view
 
     try:
-        nodes, jobs = slurm.nodes(), slurm.jobs()
+        nodes, jobs = slurm.nodes(max_age=max_age), slurm.jobs()
     except SlurmError as exc:  # slurmctld busy: nothing decided this time
         print(f"[elastic-launch] reading the partition failed: {exc}", file=sys.stderr, flush=True)
         return None
@@ -47,16 +48,18 @@ def partition_view(slurm, partition: str, own: set[int]):
     return pending_view(idle, [j for j in jobs if not partition or j.partition == partition], own=tuple(own))
 
 
-def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, dict]] | None) -> dict[str, str]:
+def find_gone(slurm, nodes: Sequence[str], step_of: Callable[[str], tuple[int, dict]] | None,
+              max_age: float = 0.0) -> dict[str, str]:
     """node -> what showed it gone, for the `nodes` that are. `step_of(node)` -> (srun --jobid, options) of
     the job or component that holds it (its het_group); None: Slurm's word only, no step, and only a node
-    it calls down or failed (the cheap look the launcher takes every few seconds). The steps run side by
-    side."""
+    it calls down or failed (the cheap look the launcher takes now and then, from a read of the nodes up to
+    `max_age` s old). The steps run side by side."""
     if not nodes:
         return {}
     gone: dict[str, str] = {}
     try:
-        for n, (state, answering) in slurm.node_states(nodes).items():
+        states = slurm.node_states(nodes, max_age=max_age if step_of is None else 0.0)
+        for n, (state, answering) in states.items():
             # pings unanswered count only when the job's own collectives failed too (a busy slurmd may miss one)
             if n in nodes and (state in GONE_STATES or (not answering and step_of is not None)):
                 gone[n] = f"Slurm says it is {state}{'' if answering else ', not responding'}"

@@ -49,6 +49,8 @@ from launcher.backends.slurm.holdings import (
     plan_release,
 )
 
+#: seconds a read of every node serves the routine looks (Slurm's own backfill scheduler looks every 30 s)
+READ_AGE_S = 30.0
 #: why a node's crash ends the whole job, by what the allocation's --no-kill reads (SlurmClient.no_kill)
 NODE_LOSS_ENDS_JOB = {
     False: "on Slurm the whole job ends when one of its nodes fails: it was submitted without --no-kill "
@@ -89,6 +91,10 @@ class SlurmNodes:
         self.node_loss_ends_job = None if no_kill else NODE_LOSS_ENDS_JOB[no_kill]
         self.info = info or slurm.job_info(job_id)
         self.step_gres = True  # steps ask for their GPUs (--gres); --gres=none where Slurm lost them (check_gres)
+        # the routine looks (node health, drains, the policy's partition) answer from one read of every node at
+        # most this old: a job asks slurmctld a few times a minute, not once per look (launch.py lowers it to
+        # --policy-watch)
+        self.read_age_s = READ_AGE_S
         if allocation is not None:
             holders, self.gpus = holders_of(allocation, gpus_per_node)
         else:
@@ -218,13 +224,13 @@ class SlurmNodes:
 
     # -- the cluster's word: a node gone (launcher.loop.probe), drained (loop.drain), the queue (policy) -----
     def unreachable(self, nodes: Sequence[str], steps: bool = True) -> dict[str, str]:
-        return find_gone(self.slurm, nodes, self.step_of if steps else None)
+        return find_gone(self.slurm, nodes, self.step_of if steps else None, max_age=self.read_age_s)
 
     def draining(self, nodes: Sequence[str]) -> dict[str, str]:
-        return find_draining(self.slurm, nodes)
+        return find_draining(self.slurm, nodes, max_age=self.read_age_s)
 
     def cluster_view(self):
-        return partition_view(self.slurm, self.info.partition, own=set(self.holders))
+        return partition_view(self.slurm, self.info.partition, own=set(self.holders), max_age=self.read_age_s)
 
     def announce(self, mark: str) -> None:
         self.slurm.set_comment(self.job_id, mark)

@@ -6,13 +6,12 @@ and the dashboard may use them without running anything of the launcher.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import Any
 
 from launcher.backends.slurm.hostlist import expand_hostlist
+from launcher.backends.slurm.slurm_json import job_records, node_records
 
 #: Job states in which a job holds its nodes and their GPUs, for the launcher (which nodes a job or
 #: component can run on) and the dashboard (which GPUs are taken) alike: an ended job or component
@@ -113,45 +112,36 @@ def _leading_int(text: str) -> int:
 
 
 def parse_squeue_json(text: str) -> list[JobInfo]:
-    """Parse `squeue --json` (22.05 layout: {"jobs": [...]}) into JobInfo records."""
-    data = load_json(text, "squeue --json")
-    jobs = []
-    for job in data.get("jobs", []):
-        batch_host = job.get("batch_host") or None
-        jobs.append(JobInfo(
-            job_id=int(job["job_id"]),
-            state=state_str(job.get("job_state", "UNKNOWN")),
-            nodes=expand_hostlist(job.get("nodes") or ""),
-            batch_host=batch_host,
-            num_nodes=int(job.get("node_count") or 0),
-            name=job.get("name", ""),
-            reason=job.get("state_reason", ""),
-            partition=job.get("partition", "") or "",
-            comment=job.get("comment", "") or "",
-            priority=int(job.get("priority") or 0),
-            submit_time=int(job.get("submit_time") or 0),
-        ))
-    return jobs
+    """`squeue --json` of any release (launcher.backends.slurm.slurm_json) into JobInfo records."""
+    return [
+        JobInfo(job_id=job.job_id, state=job.state, nodes=expand_hostlist(job.nodes), batch_host=job.batch_host or None,
+                num_nodes=job.node_count, name=job.name, reason=job.reason, partition=job.partition,
+                comment=job.comment, priority=job.priority, submit_time=job.submit_time)
+        for job in job_records(text)
+    ]
 
 
 def parse_sinfo_json(text: str) -> list[NodeInfo]:
-    """Parse `sinfo --json` (22.05 layout: {"nodes": [...]}) into NodeInfo records."""
-    data = load_json(text, "sinfo --json")
-    return [
-        NodeInfo(
-            name=node["name"],
-            state=state_str(node.get("state", "unknown")).lower(),
-            cpus=int(node.get("cpus") or 0),
-            gres=node.get("gres") or "",
-            partitions=list(node.get("partitions") or []),
-            flags=tuple(str(f).upper() for f in node.get("state_flags") or ()),
-        )
-        for node in data.get("nodes", [])
-    ]
+    """`sinfo --json` of any release (launcher.backends.slurm.slurm_json) into NodeInfo records."""
+    return [NodeInfo(name=n.name, state=n.state, cpus=n.cpus, gres=n.gres, partitions=list(n.partitions),
+                     flags=n.flags) for n in node_records(text)]
 
 
 #: node states (sinfo's extended form, lower case, flags stripped) of a node the job can no longer use
 GONE_STATES = ("down", "fail", "failing", "unknown", "future", "power_down", "powered_down", "powering_down")
+
+
+def node_state_words(node: NodeInfo) -> tuple[str, bool]:
+    """(state, answering) of a node read from `sinfo --json` in the words parse_node_states gives (sinfo's
+    %T: drained, draining, fail, powered_down, ...), so one read of every node can answer both."""
+    flags, state = set(node.flags), node.state
+    if "POWERED_DOWN" in flags or "POWERING_DOWN" in flags:
+        state = "powered_down" if "POWERED_DOWN" in flags else "powering_down"
+    elif "FAIL" in flags:
+        state = "failing" if state in ("allocated", "mixed", "completing") else "fail"
+    elif "DRAIN" in flags and state != "down":
+        state = "draining" if state in ("allocated", "mixed", "completing") else "drained"
+    return state, "NOT_RESPONDING" not in flags
 
 
 def parse_node_states(text: str) -> dict[str, tuple[str, bool]]:
@@ -181,23 +171,6 @@ def submitted_no_kill(submit_line: str | None, script: str | None, env: Mapping[
             words += line[len("#SBATCH"):].split()
     found = [w for w in words if w in ("-k", "--no-kill") or w.startswith("--no-kill=")]
     return bool(found) and found[-1].lower() != "--no-kill=off"
-
-
-def state_str(state: Any) -> str:
-    """22.05 prints states as strings, newer Slurm as lists of flags: accept both."""
-    if isinstance(state, list):
-        return state[0] if state else "UNKNOWN"
-    return str(state)
-
-
-def load_json(text: str, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"`{what}` did not print JSON ({exc}); output starts {text[:200]!r}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"`{what}` printed JSON that is not an object")
-    return data
 
 
 _TASK_END = re.compile(r"^srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$")

@@ -22,8 +22,8 @@ import time
 from launcher.backends.slurm.parse import GONE_STATES
 
 SUCCESSOR_ENV = "ELASTIC_SUCCESSOR_OF"  # the Slurm job a successor takes over
-HOLD_S = 60  # how far ahead the successor's start is held: the launcher's silence it takes to start it
-POSTPONE_S = 15.0  # how often the launcher pushes it back (several pushes may fail before it starts)
+HOLD_S = 90  # how far ahead the successor's start is held: the launcher's silence it takes to start it
+POSTPONE_S = 30.0  # how often the launcher pushes it back (two pushes may fail before it starts): 2 RPCs a minute
 
 
 def successor_args(job_id: int | str, job_name: str, workdir: str, min_nodes: int, max_nodes: int,

@@ -131,7 +131,7 @@ class _Slurm:
             raise RuntimeError("Invalid job id specified")
         return self.jobs[job_id]
 
-    def node_states(self, nodes):
+    def node_states(self, nodes, max_age=0.0):
         return {n: self.nodes[n] for n in nodes if n in self.nodes}
 
     def cancel(self, job_id):
@@ -140,7 +140,7 @@ class _Slurm:
 
 def test_the_successor_is_its_own_batch_script_held_in_the_queue_while_the_launcher_lives(monkeypatch, tmp_path):
     """What is submitted: the script Slurm keeps for the job, its environment naming the predecessor, not to
-    start before a minute from now, on MIN..MAX nodes; every POSTPONE_S the launcher pushes that minute back;
+    start before HOLD_S from now, on MIN..MAX nodes; every POSTPONE_S the launcher pushes that start back;
     one that is gone (started while the pushes failed, found the launcher alive, left) is queued anew."""
     from launcher.backends.slurm import successor as mod
 
@@ -151,10 +151,10 @@ def test_the_successor_is_its_own_batch_script_held_in_the_queue_while_the_launc
     assert succ.submit() == 100
     (_, script, env, args), = slurm.calls
     assert script.endswith("# job 41\n") and env == {"ELASTIC_SUCCESSOR_OF": "41"}
-    assert args == ["--begin=now+60", "--job-name=gpt", f"--chdir={tmp_path}", "--nodes=1-2"]
+    assert args == [f"--begin=now+{mod.HOLD_S}", "--job-name=gpt", f"--chdir={tmp_path}", "--nodes=1-2"]
     assert succ.keep() is None and slurm.calls[-1][0] == "submit"  # too soon to push
     clock[0] += mod.POSTPONE_S
-    assert succ.keep() is None and slurm.calls[-1] == ("hold", 100, 60)
+    assert succ.keep() is None and slurm.calls[-1] == ("hold", 100, mod.HOLD_S)
     slurm.jobs[100] = JobInfo(100, "RUNNING", ["n3"], "n3", 1)  # started: the pushes had failed for a minute
     clock[0] += mod.POSTPONE_S
     assert succ.keep() == "successor job 100 is gone; queued job 101 instead" and succ.id == 101

@@ -206,7 +206,8 @@ class ScriptedRunner:
     """Stands in for subprocess: answers by the command's first words, records calls."""
 
     def __init__(self, answers: dict[tuple[str, ...], tuple[int, str, str] | Exception]) -> None:
-        self.answers = answers
+        # the release the client reads once before its first squeue/sinfo: 22.05 unless a test says otherwise
+        self.answers = {("scontrol", "--version"): (0, "slurm-wlm 22.05.8\n", ""), **answers}
         self.calls: list[tuple[list[str], str | None, dict]] = []
 
     def __call__(self, cmd, *, input=None, env=None, timeout=None):

@@ -24,7 +24,7 @@ class Slurm:
     def __init__(self, sinfo: str | None, step_fails: dict[str, str]) -> None:
         self.sinfo, self.step_fails, self.probed = sinfo, step_fails, []
 
-    def node_states(self, nodes):
+    def node_states(self, nodes, max_age=0.0):
         if self.sinfo is None:
             raise SlurmError("reading node states failed: slurmctld busy")
         return parse_node_states(self.sinfo)
@@ -71,7 +71,7 @@ def test_the_policy_grows_only_onto_nodes_that_are_free() -> None:
         def __init__(self, nodes):
             self.listed = nodes
 
-        def nodes(self):
+        def nodes(self, max_age=0.0):
             return self.listed
 
         def jobs(self):

@@ -23,7 +23,7 @@ def test_the_job_grows_into_idle_nodes_and_yields_to_a_pending_job_by_itself(slu
     slurm = SlurmCommands(env=slurm_testbed.env())
     job_id, url, loss_file = submit_reference_job(
         slurm, slurm_testbed, tmp_path, "elastic-policy", steps=STEPS, step_sleep=0.1, nodes=1,
-        launch="--policy opportunistic --policy-idle 3 --policy-dwell 3")
+        launch="--policy opportunistic --policy-idle 3 --policy-dwell 3 --policy-watch 2")
     plain = None
     try:
         store = wait("the job in the database", lambda: _open(url), timeout=60)
