@@ -8,7 +8,8 @@ demo:
 test:
 	scripts/bootstrap.sh
 	scripts/install-test-deps.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25
+	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -m "not fuzz and (not slurm or slurm_core or slurm_host)"
+	scripts/test-slurm-releases.sh
 
 bench:
 	scripts/bootstrap.sh

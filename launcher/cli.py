@@ -13,6 +13,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench-control": ("bench_control", "time live mode's per-step control plane at up to 4,096 ranks"),
     "bench-policy": ("bench_policy", "play a scripted stretch of plain jobs on the Slurm testbed, an elastic job "
                                      "on --policy manual then opportunistic: utilisation, waits, resizes"),
+    "bench-rpc": ("bench_rpc", "count the requests one elastic job in steady training makes to slurmctld a minute "
+                               "(sdiag), on --policy manual and opportunistic, on the Slurm testbed"),
     "bench": ("bench", "move real training state and compare with checkpoint restarts"),
     "demo": ("demo", "run a local elastic training demo (shrink and grow on this machine)"),
     "history": ("history", "query recorded migrations: phases, pause, bytes, and under each row why it failed "
@@ -22,7 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "preempt": ("preempt", "ask a running job to give nodes back"),
     "suspend": ("suspend", "ask a running job to checkpoint once and give every device back"),
     "resume": ("resume", "ask for a suspended job to go on from its checkpoint (next elastic-launch)"),
-    "testbed": ("testbed", "bring a real 4-node Slurm cluster up or down on loopback"),
+    "testbed": ("testbed", "bring a real 4-node Slurm cluster (22.05, 24.11 or 26.05) up or down on loopback"),
     "dashboard": ("dashboard", "serve the web dashboard"),
     "db": ("db_admin", "upgrade the database schema explicitly (`elastic db upgrade`) or show its version"),
 }

@@ -38,10 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from launcher.testbed.cluster import Testbed
 
     say = (lambda msg: print(msg, file=sys.stderr, flush=True))
-    testbed = Testbed.as_running()
-    if not testbed.is_up():
-        say("bench-policy: bringing the Slurm testbed up (elastic testbed up)")
-        testbed.up()
+    testbed = Testbed.brought_up("bench-policy")
     total = len(testbed.nodes)
     trace = make_trace(args.seed, args.seconds, max_nodes=total - 1)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-policy-"))

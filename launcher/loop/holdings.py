@@ -9,7 +9,7 @@ from launcher.backends import NodeBackend
 from launcher.loop.recorder import Recorder
 from launcher.options import Options
 from launcher.loop import live_plan
-from launcher.policy.layouts import tp_fit
+from launcher.policy.layouts import idle_note, tp_fit
 from launcher.policy.survival import auto_checkpoint_every, survival
 from migrate.layout import LayoutError
 from migrate.topology import Device, Topology
@@ -60,6 +60,10 @@ class Holdings:
     def choose(self, devices: int):
         """The layout this job runs on `devices` devices (launcher.loop.live_plan.choose)."""
         return live_plan.choose(devices, self.tp_fit, self.opts.layouts, self.model)
+
+    def idle_note(self, devices: int, layout) -> str | None:
+        """Why `layout` leaves some of `devices` idle (launcher.policy.layouts.idle_note), else None."""
+        return idle_note(devices, self.tp_fit, self.opts.layouts, self.model, layout)
 
     def keep_order(self, active: Sequence[str], running: Sequence[int]) -> list[str]:
         """Active nodes, the pinned batch node first, then in the backend's order (NodeBackend.keep_rank:

@@ -159,6 +159,8 @@ class Launcher:
         # ModelSpec, read from the command line as --layouts was (options.model_from_command)
         h.model = live_plan.known_model(self.opts)
         layout = h.choose(h.devices_on(nodes))
+        if (note := h.idle_note(h.devices_on(nodes), layout)) is not None:
+            self.log(note)
         mode.current = RankMap(layout, live_plan.start_devices(self.ctl.model(), h.topology, self.opts.placement,
                                                                 layout, nodes))
         devices = mode.current.devices

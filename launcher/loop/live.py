@@ -151,6 +151,8 @@ class LiveMode:
         unusable = set(self.workers.lost) - set(failed)
         avail = h.devices_on(target) - len([d for d in set(failed) | unusable if h.node_of(d) in target])
         layout = h.choose(avail)
+        if (idle := h.idle_note(avail, layout)) is not None:
+            self.log(idle)
         spec = self.ctl.model()
         new = RankMap(layout, live_plan.placement(spec, h.topology, self.opts.placement, layout, self.current, target,
                                                   failed, unusable))

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from db.liveness import lost_since
+from launcher.backends.slurm.successor import HOLD_S
 from launcher.loop.outcome import MigrationFailed, Outcome
 from launcher.wire.folders import latest_checkpoint
 
@@ -64,7 +65,7 @@ def queue_successor(opts, backend, log, audit) -> None:
         return
     if sid is not None:
         log(f"successor job {sid} held in the queue while this launcher lives: if the batch node is lost, it "
-            "starts within a minute and resumes the job from its newest safety checkpoint")
+            f"starts within {HOLD_S} s and resumes the job from its newest safety checkpoint")
         audit("successor", f"Slurm job {sid} queued to take the job over if its batch node is lost")
 
 

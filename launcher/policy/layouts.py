@@ -98,6 +98,20 @@ def choose_layout(devices: int, gpus_per_node: int | Sequence[int], layouts: Seq
     return found
 
 
+def idle_note(devices: int, gpus_per_node: int | Sequence[int], layouts: Sequence[ParallelConfig],
+              model: ModelSpec | None, chosen: ParallelConfig) -> str | None:
+    """Why `chosen` leaves devices idle, in one line (None when it uses them all): the listed layouts that
+    would use more, each with why it cannot run -- a layout dropped is said, not left to a GPU count."""
+    idle = devices - chosen.world_size
+    if idle <= 0:
+        return None
+    bigger = [c for c in layouts if chosen.world_size < c.world_size <= devices]
+    reasons = [why_invalid(c, devices, gpus_per_node, model) or f"{c}: not preferred" for c in bigger]
+    why = "; ".join(reasons) if reasons else ("no layout in --layouts uses more" if layouts else
+                                             "no layout the model takes uses more")
+    return f"{chosen} uses {chosen.world_size} of the {devices} devices, {idle} idle ({why})"
+
+
 def tp_fit(node_gpus: Sequence[int]) -> int:
     """What a TP group's size must divide to fit inside every one of these nodes: the greatest common
     divisor of their GPU counts (the count itself when all nodes are alike; 2 for 4,4,2,2)."""

@@ -65,10 +65,11 @@ class Testbed:
     __test__ = False  # not a pytest test class despite the name
 
     def __init__(self, root: Path | str = DEFAULT_ROOT, *, verbose: bool = True,
-                 gpus: tuple[int, ...] = DEFAULT_GPUS) -> None:
+                 gpus: tuple[int, ...] = DEFAULT_GPUS, rpc_limit: str = "") -> None:
         self.root = Path(root).resolve()
         self.verbose = verbose
         self.gpus = tuple(gpus)
+        self.rpc_limit = rpc_limit  # Slurm's per-user RPC rate limit (config.slurm_conf_text), "" for none
         self.nodes = node_names(self.gpus)
         # the Slurm release this testbed runs: the host's (Debian 12), or the root's this process runs in
         self.release = next((v for v in SLURM_VERSIONS if (inside_root() or "").startswith(v + ".")),
@@ -85,6 +86,15 @@ class Testbed:
         except (OSError, ValueError):
             shaped = None
         return shaped if shaped is not None and shaped._config_matches() else cls(root, verbose=verbose)
+
+    @classmethod
+    def brought_up(cls, who: str) -> "Testbed":
+        """The running testbed, in its shape; brought up first when it is down (a bench's start), saying so."""
+        testbed = cls.as_running()
+        if not testbed.is_up():
+            print(f"{who}: bringing the Slurm testbed up (elastic testbed up)", file=sys.stderr, flush=True)
+            testbed.up()
+        return testbed
 
     # ----------------------------------------------------------------- paths
     @property
@@ -171,12 +181,12 @@ class Testbed:
             # Another shape is up: only slurmctld (-c: no jobs kept) and the slurmd change.
             self._log(f"reshaping to {len(self.nodes)} nodes with GPUs {','.join(map(str, self.gpus))}")
             self._stop_slurm()
-            write_layout(self.root, self.gpus, self.release)
+            write_layout(self.root, self.gpus, self.release, self.rpc_limit)
         else:
             # Half-up (a daemon died, or left over from a crash): restart cleanly.
             self.down(quiet=True)
             ensure_installed(self._log)
-            write_layout(self.root, self.gpus, self.release)
+            write_layout(self.root, self.gpus, self.release, self.rpc_limit)
             start_munge(self.processes, self._daemon("munged"), self.root, self._log)
             if has_accounting(self.release):
                 start_mariadb(self.processes, self._daemon("mariadb"), self.root, self._log)
@@ -188,10 +198,10 @@ class Testbed:
         return self.slurm_conf
 
     def _config_matches(self) -> bool:
-        return config_matches(self.root, self.gpus, self.release)
+        return config_matches(self.root, self.gpus, self.release, self.rpc_limit)
 
     def _slurm_conf_text(self) -> str:
-        return slurm_conf_text(self.root, self.gpus, self.release)
+        return slurm_conf_text(self.root, self.gpus, self.release, self.rpc_limit)
 
     def _gres_conf_text(self) -> str:
         return gres_conf_text(self.root, self.gpus)

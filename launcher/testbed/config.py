@@ -95,7 +95,9 @@ def node_names(gpus: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(f"n{i + 1}" for i in range(len(gpus)))
 
 
-def slurm_conf_text(root: Path, gpus: tuple[int, ...], release: str = HOST_RELEASE) -> str:
+def slurm_conf_text(root: Path, gpus: tuple[int, ...], release: str = HOST_RELEASE, rpc_limit: str = "") -> str:
+    """slurm.conf of this shape and release; `rpc_limit` (e.g. `rl_bucket_size=2,rl_refill_period=10`) turns on
+    Slurm's per-user RPC rate limit (SlurmctldParameters=rl_enable, 23.02 and later; root is never limited)."""
     r = root
     ports = ports_for(release)
     last_port = ports.slurmd_base + len(gpus) - 1
@@ -140,7 +142,8 @@ MessageTimeout=10
 {_node_lines(gpus, ports.slurmd_base, last_port)}
 PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
 """ + "".join(f"PartitionName={name} Nodes={','.join(members)} MaxTime=INFINITE State=UP\n"
-              for name, members in uneven_partitions(gpus).items())
+              for name, members in uneven_partitions(gpus).items()) + \
+        (f"SlurmctldParameters=rl_enable,{rpc_limit}\n" if rpc_limit else "")
 
 
 def _accounting_lines(release: str, ports: Ports) -> str:

@@ -32,16 +32,16 @@ def shape_path(root: Path) -> Path:
     return root / "etc" / "shape"
 
 
-def config_matches(root: Path, gpus: tuple[int, ...], release: str = HOST_RELEASE) -> bool:
+def config_matches(root: Path, gpus: tuple[int, ...], release: str = HOST_RELEASE, rpc_limit: str = "") -> bool:
     """The files on disk are the ones this shape writes (so the running daemons read them)."""
     try:
-        return (slurm_conf_path(root).read_text() == slurm_conf_text(root, gpus, release)
+        return (slurm_conf_path(root).read_text() == slurm_conf_text(root, gpus, release, rpc_limit)
                 and gres_conf_path(root).read_text() == gres_conf_text(root, gpus))
     except OSError:
         return False
 
 
-def write_layout(root: Path, gpus: tuple[int, ...], release: str = HOST_RELEASE) -> None:
+def write_layout(root: Path, gpus: tuple[int, ...], release: str = HOST_RELEASE, rpc_limit: str = "") -> None:
     """Create folders, fake GPU devices and config files (rewritten on every up)."""
     for sub in ("etc", "log", "run", "state/ctld", "munge", "mysql", "dev"):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -49,7 +49,7 @@ def write_layout(root: Path, gpus: tuple[int, ...], release: str = HOST_RELEASE)
     for node, count in zip(node_names(gpus), gpus):
         (root / "state" / f"slurmd-{node}").mkdir(parents=True, exist_ok=True)
         make_fake_gpus(root / "dev" / node, count)
-    slurm_conf_path(root).write_text(slurm_conf_text(root, gpus, release))
+    slurm_conf_path(root).write_text(slurm_conf_text(root, gpus, release, rpc_limit))
     cgroup = root / "etc" / "cgroup.conf"
     cgroup_text = cgroup_conf_text(release)
     if cgroup_text is None:

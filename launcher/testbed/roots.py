@@ -130,6 +130,12 @@ class SlurmRoot:
                 raise TestbedError(f"could not mount {where} into {self.path}: {done.stderr.strip()}")
         hosts = Path("/etc/hosts")
         (self.path / "etc" / "hosts").write_text(hosts.read_text())
+        # other Unix users of the root (the tests' job owners) reach an interpreter under /root (pyenv's) too
+        for p in binds():
+            for parent in [q for q in p.parents if q != Path("/")]:
+                inside = self.path / str(parent).lstrip("/")
+                if inside.is_dir() and not inside.stat().st_mode & 0o001:
+                    os.chmod(inside, inside.stat().st_mode | 0o011)
 
     def unmount(self) -> None:
         """Take every mount out of the root, unless something still runs in it (then say what)."""

@@ -26,7 +26,7 @@ from tests.dashboard.conftest import PASSWORDS, SECRET
 from tests.dashboard.test_browser import _shot, browser, page  # noqa: F401  (fixtures)
 from tests.launcher.conftest import slurm_testbed  # noqa: F401  (fixture)
 
-pytestmark = [pytest.mark.slurm, pytest.mark.browser]
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_host, pytest.mark.browser]
 from tests.paths import ROOT
 WAIT = 180.0
 

@@ -118,6 +118,7 @@ class Run:
         return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slurm_core
 def test_mixer_live_on_slurm_shrinks_4_to_2_and_grows_back_bit_exact(slurm_testbed, tmp_path, capsys):
     log, dump, steps = tmp_path / "steps.log", tmp_path / "dump", 68  # grow committed at step 36 when measured
     dump.mkdir()

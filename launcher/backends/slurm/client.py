@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
@@ -52,6 +53,10 @@ from launcher.backends.slurm.parse import (
 from launcher.backends.slurm.slurm_json import json_format
 
 DEFAULT_TIMEOUT_S = 30.0
+#: an answer slower than this means slurmctld is rate-limiting us (SlurmctldParameters=rl_enable: the client
+#: library sleeps and asks again, silently) or is busy: the routine looks slow down (SlurmCommands.nodes)
+SLOW_ANSWER_S = 3.0
+MAX_BACKOFF = 4  # the routine looks at most this many times less often
 _STATUS_HINT = "check that slurmctld is up (`scontrol ping`; for the local testbed `elastic testbed status`)"
 
 
@@ -66,6 +71,12 @@ class SlurmError(RuntimeError):
         self.returncode = returncode
         self.stderr = stderr
 
+
+
+def _is_read(cmd: Sequence[str]) -> bool:
+    """Whether `cmd` only reads Slurm's state (safe to ask twice)."""
+    return cmd[:1] in (["squeue"], ["sinfo"], ["sacct"], ["sdiag"]) or \
+        (cmd[:1] == ["scontrol"] and len(cmd) > 1 and cmd[1] in ("show", "--version", "ping"))
 
 
 # ------------------------------------------------------------------ running
@@ -86,7 +97,7 @@ class SlurmClient(Protocol):
 
     def job_info(self, job_id: int) -> JobInfo: ...
 
-    def jobs(self) -> list[JobInfo]: ...
+    def jobs(self, max_age: float = 0.0) -> list[JobInfo]: ...
 
     def shrink(self, job_id: int, keep_nodes: Sequence[str]) -> None: ...
 
@@ -135,6 +146,9 @@ class SlurmCommands:
         self.timeout = timeout
         self._release: tuple[int, int] | None = None  # the tools' Slurm release, read on first need
         self._nodes_read: tuple[float, list[NodeInfo]] | None = None  # (when, every node): `nodes(max_age=)`
+        self._jobs_read: tuple[float, list[JobInfo]] | None = None  # (when, every job): `jobs(max_age=)`
+        self.backoff = 1  # routine reads are this many times older while slurmctld answers slowly
+        self.say: Callable[[str], None] = lambda msg: print(f"[elastic-launch] {msg}", file=sys.stderr, flush=True)
 
     def _env(self, more: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
@@ -144,22 +158,45 @@ class SlurmCommands:
 
     def _run(self, cmd: list[str], what: str, hint: str, *, input: str | None = None,
              env: Mapping[str, str] | None = None) -> str:
-        """Run one command; turn every failure into a SlurmError that says what to do."""
+        """Run one command; turn every failure into a SlurmError that says what to do. A read that did not
+        answer in time is asked once more, with twice the time: under Slurm's RPC rate limit a burst of
+        requests waits its turn, and a read changes nothing when asked twice."""
+        started = time.monotonic()
         try:
-            result = self.runner(cmd, input=input, env=self._env(env), timeout=self.timeout)
+            try:
+                result = self.runner(cmd, input=input, env=self._env(env), timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                if not _is_read(cmd):
+                    raise
+                self.say(f"slurmctld did not answer `{' '.join(cmd[:3])}` within {self.timeout:.0f} s "
+                         f"(rate-limited or busy); asking again, for up to {2 * self.timeout:.0f} s")
+                result = self.runner(cmd, input=input, env=self._env(env), timeout=2 * self.timeout)
+            self._paced(cmd, time.monotonic() - started)
         except FileNotFoundError as exc:
             raise SlurmError(
                 f"{what}: `{cmd[0]}` is not installed or not on PATH; install the Slurm client "
                 "(scripts/install-slurm.sh on Debian) or fix PATH", cmd=cmd) from exc
         except subprocess.TimeoutExpired as exc:
             raise SlurmError(
-                f"{what}: `{' '.join(cmd)}` did not answer within {self.timeout:.0f} s; {_STATUS_HINT}",
+                f"{what}: `{' '.join(cmd)}` did not answer within {exc.timeout:.0f} s; {_STATUS_HINT}",
                 cmd=cmd) from exc
         if result.returncode != 0:
             message = (result.stderr or result.stdout or "").strip() or f"exit code {result.returncode}"
             raise SlurmError(f"{what} failed: {message} (ran: {' '.join(cmd)}); {hint}",
                              cmd=cmd, returncode=result.returncode, stderr=result.stderr or "")
         return result.stdout
+
+    def _paced(self, cmd: Sequence[str], took: float) -> None:
+        """Slow down the routine reads while slurmctld answers slowly, and say so; back to normal once it
+        answers promptly. Under Slurm's RPC rate limit a command does not fail: it waits and asks again."""
+        if took > SLOW_ANSWER_S and self.backoff < MAX_BACKOFF:
+            self.backoff *= 2
+            self.say(f"slurmctld took {took:.1f} s to answer `{' '.join(cmd[:2])}` (Slurm's RPC rate limit, "
+                     f"rl_enable, or a busy controller): training goes on; the launcher now reads the cluster "
+                     f"{self.backoff}x less often")
+        elif took < SLOW_ANSWER_S / 3 and self.backoff > 1 and cmd[:1] != ["srun"]:
+            self.backoff = 1
+            self.say("slurmctld answers promptly again: the launcher reads the cluster as often as before")
 
     # ----------------------------------------------------------- queries
     def job_info(self, job_id: int) -> JobInfo:
@@ -173,24 +210,34 @@ class SlurmCommands:
         return parse_show_job_detail(self._run(build_show_job_command(job_id, detail=True), f"reading job {job_id}",
                                                "check the job id with `squeue`; finished jobs vanish after MinJobAge"))
 
-    def jobs(self) -> list[JobInfo]:
-        return parse_squeue_json(self._run(build_squeue_command(fmt=self.json_format()), "listing jobs", _STATUS_HINT))
+    def jobs(self, max_age: float = 0.0) -> list[JobInfo]:
+        """Every job; like `nodes`, a read at most `max_age` s old (times the back-off) is answered again."""
+        now = time.monotonic()
+        if self._jobs_read is None or now - self._jobs_read[0] > max_age * self.backoff:
+            read = parse_squeue_json(self._run(build_squeue_command(fmt=self.json_format()), "listing jobs",
+                                               _STATUS_HINT))
+            self._jobs_read = (now, read)
+        return list(self._jobs_read[1])
 
     def nodes(self, max_age: float = 0.0) -> list[NodeInfo]:
         """Every node; a read at most `max_age` seconds old is answered again without asking slurmctld (the
         routine looks -- node health, drains, the policy's partition -- share one read: two RPCs, node and
         partition info, whatever asks)."""
         now = time.monotonic()
-        if self._nodes_read is None or now - self._nodes_read[0] > max_age:
+        if self._nodes_read is None or now - self._nodes_read[0] > max_age * self.backoff:
             read = parse_sinfo_json(self._run(build_sinfo_command(self.json_format()), "listing nodes", _STATUS_HINT))
             self._nodes_read = (now, read)
         return list(self._nodes_read[1])
 
-    def json_format(self) -> str | None:
-        """The JSON format to ask squeue and sinfo for, from the release read once (slurm_json.json_format)."""
+    def release(self) -> tuple[int, int]:
+        """The tools' Slurm release, read once (`version`)."""
         if self._release is None:
             self._release = self.version()
-        return json_format(self._release)
+        return self._release
+
+    def json_format(self) -> str | None:
+        """The JSON format to ask squeue and sinfo for, on this release (slurm_json.json_format)."""
+        return json_format(self.release())
 
     def node_states(self, nodes: Sequence[str], max_age: float = 0.0) -> dict[str, tuple[str, bool]]:
         """node -> (state, answering) of `nodes` (slurm.parse.parse_node_states); with `max_age`, from the

@@ -27,7 +27,9 @@ def build_srun_command(job_id: int | str, nodes: Sequence[str], ntasks_per_node:
     plain job whose nodes hold different GPU counts (`sbatch --gpus=N` or `--exclusive` on uneven
     nodes): Slurm 22.05 refuses `--gres=gpu:G` (and `--gpus-per-node=G`) steps there when G is above
     the job's smallest per-node share ("Step requested gres_per_node=gpu:4 is more than the job's
-    gres_per_node=gpu:2"), while a one-node step with `--gpus=4` gets the node's 4.
+    gres_per_node=gpu:2"), while a one-node step with `--gpus=4` gets the node's 4. Slurm 24.11 and
+    26.05 start `--gres=gpu:G` steps there, and a `--gpus=G` step only while no other such step runs
+    (measured): launcher.backends.slurm.nodes asks `--gpus` of 22.05 only.
 
     In a heterogeneous job `job_id` is the leader's id and `het_group` the component's offset:
     Slurm 22.05 refuses a component's own id ("Job not heterogeneous job leader") and, without

@@ -39,7 +39,7 @@ def partition_view(slurm, partition: str, own: set[int], max_age: float = 0.0):
     from launcher.policy.opportunistic import pending_view
 
     try:
-        nodes, jobs = slurm.nodes(max_age=max_age), slurm.jobs()
+        nodes, jobs = slurm.nodes(max_age=max_age), slurm.jobs(max_age=max_age)
     except SlurmError as exc:  # slurmctld busy: nothing decided this time
         print(f"[elastic-launch] reading the partition failed: {exc}", file=sys.stderr, flush=True)
         return None

@@ -49,8 +49,12 @@ from launcher.backends.slurm.holdings import (
     plan_release,
 )
 
-#: seconds a read of every node serves the routine looks (Slurm's own backfill scheduler looks every 30 s)
-READ_AGE_S = 30.0
+#: the first release that starts `--gres=gpu:G` steps on a node above the job's smallest per-node share (22.05
+#: refuses them, so it gets `--gpus=G` steps, which 24.11 and 26.05 start only one at a time: measured)
+PER_NODE_GRES_ON_UNEVEN = (23, 2)
+#: seconds a read of every node serves the routine looks, which come every 30 s (launcher.loop.probe, .drain,
+#: the policy's default, like Slurm's own backfill scheduler): a little less, so each round reads once
+READ_AGE_S = 25.0
 #: why a node's crash ends the whole job, by what the allocation's --no-kill reads (SlurmClient.no_kill)
 NODE_LOSS_ENDS_JOB = {
     False: "on Slurm the whole job ends when one of its nodes fails: it was submitted without --no-kill "
@@ -171,7 +175,7 @@ class SlurmNodes:
         """(srun --jobid, the other step options) of `node`'s step."""
         h = self.holder(node) or self.holders[int(self.job_id)]
         opts = {"het_group": h.het_group} if h.het_group is not None else {}
-        if self.uneven and h.kind == JOB:
+        if self.uneven and h.kind == JOB and self.slurm.release() < PER_NODE_GRES_ON_UNEVEN:
             opts["gpus_per_step"] = True
         if not self.step_gres:
             opts["gres_none"] = True

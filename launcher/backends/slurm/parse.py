@@ -194,6 +194,24 @@ def parse_task_end(line: str) -> tuple[str, list[int], int] | None:
         (status for name, status in _TASK_SIGNALS.items() if what.startswith(name)), 1)
 
 
+_SDIAG_RPC = re.compile(r"^\s*(?P<type>[A-Z][A-Z0-9_]+)\s*\(\s*\d+\)\s*count:(?P<count>\d+)")
+
+
+def parse_sdiag_rpcs(text: str) -> dict[str, int]:
+    """`sdiag`'s "Remote Procedure Call statistics by message type" -> message type -> count (every release
+    prints `TYPE ( NUMBER) count:N ...`)."""
+    counts: dict[str, int] = {}
+    section = False
+    for line in text.splitlines():
+        if "statistics by message type" in line:
+            section = True
+        elif "statistics by user" in line or "Pending RPC statistics" in line:
+            section = False
+        elif section and (m := _SDIAG_RPC.match(line)):
+            counts[m["type"]] = int(m["count"])
+    return counts
+
+
 def parse_sbatch_output(text: str) -> int:
     """`sbatch --parsable` prints `JOBID` or `JOBID;CLUSTER`."""
     first = text.strip().splitlines()[0] if text.strip() else ""

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.policy.layouts import NoLayoutError, check_node_range, choose_layout, why_invalid
+from launcher.policy.layouts import NoLayoutError, check_node_range, choose_layout, idle_note, why_invalid
 from migrate.layout import ModelSpec, ParallelConfig
 
 P = ParallelConfig.parse
@@ -125,3 +125,19 @@ def test_every_node_count_of_a_large_job_is_checked():
     # 1..4096 nodes of 8 GPUs: listing every layout of every node count did not finish in 60 s
     check_node_range(1, 4096, 8, [], MODEL)
     assert choose_layout(4096 * 8, 8, (), MODEL) == P("pp1tp8dp4096")
+
+
+def test_a_layout_passed_over_is_said_with_why_and_the_idle_devices() -> None:
+    """--layouts pp2tp2,pp2tp1 with a model of 1 attention head on 2 nodes x 2 GPUs: pp2tp1 runs on 2 of the
+    4 devices, and the note says TP 2 cannot cut the head (before: 2 GPUs idle without a word)."""
+    one_head = ModelSpec(layers=4, hidden=64, heads=1, vocab=256)
+    layouts = [ParallelConfig.parse("pp2tp2"), ParallelConfig.parse("pp2tp1")]
+    chosen = choose_layout(4, 2, layouts, one_head)
+    assert str(chosen) == "pp2tp1dp1"
+    note = idle_note(4, 2, layouts, one_head, chosen)
+    assert note.startswith("pp2tp1dp1 uses 2 of the 4 devices, 2 idle (pp2tp2")
+    assert "head" in note, note
+    assert idle_note(4, 2, layouts, ModelSpec(layers=4, hidden=64, heads=2, vocab=256),
+                     choose_layout(4, 2, layouts, ModelSpec(layers=4, hidden=64, heads=2, vocab=256))) is None
+    assert idle_note(3, 2, [ParallelConfig.parse("pp2tp1")], None, ParallelConfig.parse("pp2tp1")) == \
+        "pp2tp1dp1 uses 2 of the 3 devices, 1 idle (no layout in --layouts uses more)"

@@ -18,7 +18,7 @@ from launcher.backends.slurm.client import SlurmCommands, SlurmError
 from launcher.backends.slurm.parse import JobInfo
 from launcher.testbed.cluster import Testbed
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_core]
 
 JOB_SCRIPT = "#!/bin/bash\nsleep 300\n"
 

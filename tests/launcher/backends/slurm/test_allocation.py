@@ -122,6 +122,7 @@ def _scontrol(slurm: SlurmCommands, *args: str) -> subprocess.CompletedProcess[s
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_core
 def test_heterogeneous_job_on_the_real_testbed(uneven: Testbed) -> None:
     slurm = SlurmCommands(env=uneven.env())
     job = slurm.submit(HET_SCRIPT)

@@ -371,3 +371,29 @@ def test_pyslurm_job_info_keeps_the_partition() -> None:
                           name="train", state_reason="None", partition="gpu")
     info = PyslurmBackend(SimpleNamespace(Job=SimpleNamespace(load=lambda job_id: job))).job_info(7)
     assert (info.partition, info.nodes, info.batch_host) == ("gpu", ["n1", "n2"], "n1")
+
+
+def test_a_read_that_timed_out_is_asked_once_more_and_a_change_is_not() -> None:
+    """Under Slurm's RPC rate limit a burst of requests waits its turn: a read (safe to repeat) gets a second
+    try with twice the time, said in one line; a change (scontrol update) is never sent twice."""
+    answers = iter([subprocess.TimeoutExpired("scontrol", 30), subprocess.CompletedProcess([], 0,
+                    _golden("scontrol_show_job_running_4.txt"), "")])
+    timeouts: list[float] = []
+
+    def runner(cmd, *, input=None, env=None, timeout=None):
+        timeouts.append(timeout)
+        got = next(answers)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    said: list[str] = []
+    slurm = SlurmCommands(runner=runner)
+    slurm.say = said.append
+    assert slurm.job_info(4).state == "RUNNING"
+    assert timeouts == [30.0, 60.0] and "asking again, for up to 60 s" in said[0]
+    update = ScriptedRunner({("scontrol", "update"): subprocess.TimeoutExpired("scontrol", 30),
+                             ("scontrol", "show"): (0, _golden("scontrol_show_job_running_4.txt"), "")})
+    with pytest.raises(SlurmError, match="did not answer within 30 s"):
+        SlurmCommands(runner=update).shrink(4, ["n1"])
+    assert [c[0][:2] for c in update.calls].count(["scontrol", "update"]) == 1

@@ -109,6 +109,7 @@ def test_grow_through_companion_job_then_shrink_cancels_it(slurm_testbed, tmp_pa
         _cleanup(slurm_testbed, slurm, [job_id], "elastic-co-companion-1")
 
 
+@pytest.mark.slurm_core
 def test_grow_after_shrink_gets_the_released_nodes_back_through_a_companion(slurm_testbed, tmp_path):
     slurm = SlurmCommands(env=slurm_testbed.env())
     url = f"sqlite:///{tmp_path}/e.db"

@@ -74,7 +74,7 @@ def test_the_policy_grows_only_onto_nodes_that_are_free() -> None:
         def nodes(self, max_age=0.0):
             return self.listed
 
-        def jobs(self):
+        def jobs(self, max_age=0.0):
             return []
 
     assert partition_view(Slurm(nodes), "", own=set()).idle == ()

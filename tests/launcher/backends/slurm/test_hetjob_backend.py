@@ -28,19 +28,21 @@ HET2 = Allocation(19, (Component(0, 19, ("n1", "n2"), (4, 4), "gpu4", "n1"), Com
 class Recorder:
     """Slurm that accepts every change and records it; companion jobs get ids from 31 on."""
 
-    def __init__(self) -> None:
+    def __init__(self, release: str = "22.05.8") -> None:
         self.calls: list[list[str]] = []
+        self.release = release
 
     def __call__(self, cmd, *, input=None, env=None, timeout=None):
         self.calls.append(list(cmd))
-        return subprocess.CompletedProcess(cmd, 0, "31\n" if cmd[0] == "sbatch" else "", "")
+        out = "31\n" if cmd[0] == "sbatch" else f"slurm {self.release}\n" if cmd[:2] == ["scontrol", "--version"] else ""
+        return subprocess.CompletedProcess(cmd, 0, out, "")
 
     def changes(self) -> list[list[str]]:
         return [c for c in self.calls if c[0] == "scancel" or c[:2] == ["scontrol", "update"]]
 
 
-def backend(alloc: Allocation, gpn: int = 4) -> tuple[SlurmNodes, Recorder]:
-    slurm = Recorder()
+def backend(alloc: Allocation, gpn: int = 4, release: str = "22.05.8") -> tuple[SlurmNodes, Recorder]:
+    slurm = Recorder(release)
     lead = alloc.component(0)
     info = JobInfo(alloc.job_id, "RUNNING", list(lead.nodes), lead.batch_host, len(lead.nodes), partition=lead.partition)
     return SlurmNodes(SlurmCommands(runner=slurm), alloc.job_id, gpn, info=info, allocation=alloc), slurm
@@ -65,13 +67,19 @@ def test_gpus_per_node_caps_the_workers_of_a_node() -> None:
     assert [nodes.gpus_on(n) for n in nodes.allocation()] == [2, 2, 2]
 
 
-def test_plain_job_on_uneven_nodes_asks_each_step_for_its_nodes_gpus() -> None:
+@pytest.mark.parametrize("release, big_gpus, small_gpus", [
+    ("22.05.8", "--gpus=4", "--gpus=2"),  # 22.05 refuses --gres=gpu:4 above the job's smallest share
+    ("24.11.5", "--gres=gpu:4", "--gres=gpu:2"),  # 24.11 starts --gpus steps only one at a time
+    ("26.05.5", "--gres=gpu:4", "--gres=gpu:2"),
+])
+def test_plain_job_on_uneven_nodes_asks_each_step_for_its_nodes_gpus(release, big_gpus, small_gpus) -> None:
     alloc = parse_show_job_detail((GOLDEN / "uneven_exclusive_show_job_d.txt").read_text())
-    nodes, slurm = backend(alloc)
+    nodes, slurm = backend(alloc, release=release)
     assert [nodes.gpus_on(n) for n in nodes.allocation()] == [4, 4, 2, 2] and nodes.component_of("n3") == 0
     assert [nodes.first_device(n) for n in nodes.allocation()] == [0, 4, 8, 10]
     big, small = (nodes.commands_for_start(n, i, {}, ["p"])[0] for n, i in (("n1", 0), ("n3", 2)))
-    assert "--gpus=4" in big and "--gpus=2" in small and not any(c.startswith("--gres") for c in big + small)
+    assert big_gpus in big and small_gpus in small
+    assert len([c for c in big + small if c.startswith(("--gpus", "--gres"))]) == 2
     assert "--het-group" not in " ".join(big)
     assert nodes.release(["n1", "n2", "n3"]) == []  # a plain job shrinks as before, without notes
     assert slurm.changes() == [["scontrol", "update", "JobId=22", "NodeList=n[1-3]"]]

@@ -18,7 +18,7 @@ from tests.launcher.backends.slurm.test_node_crash import _all_idle
 from tests.paths import ROOT
 from tests.records import verification_told
 
-pytestmark = [pytest.mark.slurm, pytest.mark.parametrize("backend", ["postgresql"], indirect=True)]
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_host, pytest.mark.parametrize("backend", ["postgresql"], indirect=True)]
 
 
 def _script(name: str, url: str, tmp_path) -> str:

@@ -145,3 +145,45 @@ def test_the_client_reads_the_release_once_and_asks_for_its_format(version: str,
     commands = [c[0] for c in runner.calls]
     assert commands.count(["scontrol", "--version"]) == 1
     assert ["squeue", asked] in commands and ["sinfo", asked] in commands
+
+
+def test_the_routine_looks_share_one_read_and_slow_down_while_slurmctld_is_slow(monkeypatch) -> None:
+    """Node health, drains and the policy's partition each ask within 30 s: Slurm is asked once. An answer
+    that took seconds (Slurm's RPC rate limit makes the client wait and retry, it does not fail) makes the
+    launcher say so and read half as often; a prompt one brings the pace back."""
+    from launcher.backends.slurm import client as client_module
+
+    clock = [0.0]
+    monkeypatch.setattr(client_module.time, "monotonic", lambda: clock[0])
+    slow = {"squeue": 0.0}
+
+    def runner(cmd, *, input=None, env=None, timeout=None):
+        clock[0] += slow.get(cmd[0], 0.0)
+        return ScriptedRunner({("scontrol", "--version"): (0, "slurm 26.05.5\n", ""),
+                               ("squeue",): (0, (GOLDEN / "26.05" / "squeue.json").read_text(), ""),
+                               ("sinfo", "--noheader"): (0, "n1 mixed*\n", ""),
+                               ("sinfo",): (0, (GOLDEN / "26.05" / "sinfo.json").read_text(), "")})(cmd)
+
+    calls: list[str] = []
+    said: list[str] = []
+    slurm = SlurmCommands(runner=lambda cmd, **kw: calls.append(cmd[0]) or runner(cmd, **kw))
+    slurm.say = said.append
+    assert slurm.node_states(["n1", "n4"], max_age=30) == {"n1": ("mixed", True), "n4": ("idle", True)}
+    clock[0] += 10
+    assert len(slurm.nodes(max_age=30)) == 4 and len(slurm.jobs(max_age=30)) == 4
+    assert calls.count("sinfo") == 1 and calls.count("squeue") == 1
+    clock[0] += 25  # the node read is 35 s old: asked again
+    slurm.nodes(max_age=30)
+    assert calls.count("sinfo") == 2
+    slow["squeue"] = 6.0
+    clock[0] += 31
+    slurm.jobs(max_age=30)
+    assert slurm.backoff == 2 and "took 6.0 s to answer `squeue" in said[-1] and "training goes on" in said[-1]
+    slow["squeue"] = 0.0
+    clock[0] += 20  # both reads younger than 2 x 30 s: no new read
+    slurm.jobs(max_age=30), slurm.nodes(max_age=30)
+    assert calls.count("squeue") == 2 and calls.count("sinfo") == 2
+    clock[0] += 30
+    slurm.nodes(max_age=30)
+    assert slurm.backoff == 1 and "promptly again" in said[-1]
+    assert slurm.node_states(["n1"]) == {"n1": ("mixed", False)}  # a look that needs it now asks now (sinfo %T)

@@ -43,6 +43,7 @@ def _srun_oracle(testbed, tmp_path: Path, nodes: str) -> dict[int, dict]:
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_core
 def test_a_script_written_for_srun_gets_the_worlds_ranks_on_every_resize(slurm_testbed, tmp_path) -> None:
     log, pace = tmp_path / "ranks.jsonl", tmp_path / "pace"
     pace.touch()
