@@ -77,7 +77,7 @@ def check_resumable(opts: Options, store, slurm_job_id: str | None = None, backe
 
     A batch script Slurm requeued after its node failed resumes the job its previous run drove by itself
     (launcher.loop.suspend.requeued_job); with nothing to resume from, that job ends as failed, saying why."""
-    from launcher.backends.slurm.successor import predecessor
+    from launcher.backends.slurm.successor import JobCancelled, predecessor
     from launcher.loop.suspend import nothing_to_resume, requeued_job, resume_checkpoint
     from launcher.loop.start_request import checkpoint_dir
 
@@ -87,7 +87,12 @@ def check_resumable(opts: Options, store, slurm_job_id: str | None = None, backe
         opts.resume, opts.requeued = True, int(os.environ.get("SLURM_RESTART_COUNT") or 0) or 1
         opts.successor_of = successor_of
         if successor_of is not None:
-            opts.successor_why = backend.takeover_reason(successor_of) if backend is not None else "its job ended"
+            try:
+                opts.successor_why = backend.takeover_reason(successor_of) if backend is not None else "its job ended"
+            except JobCancelled as exc:
+                store.set_job_state(requeued.id, "stopped")
+                store.close()
+                raise NothingToDo(f"successor of Slurm job {successor_of}: {exc}") from None
             if opts.successor_why is None:
                 store.close()
                 raise NothingToDo(f"successor of Slurm job {successor_of}: that job runs and its batch node is up "

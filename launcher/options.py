@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "back, and record every rank map and migration in the database.",
         epilog="Any program runs in RESTART mode (torchrun's contract): every worker gets RANK, LOCAL_RANK, "
                "WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT (a rendezvous of its own world), "
-               "TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_RUN_ID; on a resize, preemption, USR1 or worker "
+               "TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_RUN_ID, and on Slurm srun's for the whole world "
+               "(SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES, node lists), as "
+               "`srun --ntasks=N python train.py` would set them; on a resize, preemption, USR1 or worker "
                "failure all workers get SIGTERM (SIGKILL after --term-timeout) and the new world starts on the "
                "new nodes; the program resumes from its own checkpoint. A program that joins through the "
                "runtime API (launcher.runtime, or python -m launcher.worker) runs in LIVE mode: its state moves "

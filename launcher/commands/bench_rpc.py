@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def job_script(policy: str, workdir: Path) -> str:
     return f"""#!/bin/bash
-#SBATCH --nodes=2 --ntasks-per-node=2 --gres=gpu:2 --job-name=bench-rpc-{policy} --output={workdir}/batch.out --chdir={workdir}
+#SBATCH --nodes=2 --ntasks-per-node=2 --gres=gpu:2 --job-name=bench-rpc-{policy} --output={workdir}/batch-%j.out --chdir={workdir}
 export PYTHONPATH={ROOT}
 exec {sys.executable} -m launcher.launch --nnodes 1:2 --gpus-per-node 2 --policy {policy} \\
     --db sqlite:///{workdir}/e.db --log-dir {workdir}/logs \\
@@ -74,7 +74,8 @@ def measure(policy: str, env: dict, workdir: Path, seconds: float, settle: float
         steps = len(read_loss_rows(workdir / "loss.txt")) - steps0
         alive = slurm.job_info(job).state == "RUNNING"
     finally:
-        slurm.cancel(job)
+        slurm.cancel(job)  # and its successor (same name), which a launcher killed before it cancels it would start
+        subprocess.run(["scancel", f"--name=bench-rpc-{policy}"], env=env, capture_output=True)
     per_minute = {k: round(v * 60 / seconds, 1) for k, v in sorted(counts.items())}
     return {"policy": policy, "job": job, "seconds": seconds, "steps": steps, "trained_throughout": alive,
             "rpcs_per_minute": round(sum(counts.values()) * 60 / seconds, 1), "by_type": per_minute,

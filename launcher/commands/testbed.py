@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +25,15 @@ from launcher.errors import UsageError
 from launcher.testbed.cluster import Testbed
 from launcher.testbed.config import DEFAULT_GPUS, DEFAULT_ROOT, parse_gpus
 from launcher.testbed.errors import TestbedError
-from launcher.testbed.roots import SLURM_VERSIONS, SlurmRoot, check_version, inside_root, runs_natively
+from launcher.testbed.roots import (
+    SLURM_VERSIONS,
+    SlurmRoot,
+    check_version,
+    inside_root,
+    processes_in,
+    root_path,
+    runs_natively,
+)
 
 ACTIONS = ("up", "down", "status", "crash", "revive", "run")
 
@@ -54,6 +63,9 @@ def _split_rest(args: argparse.Namespace) -> list[str]:
     """The options argparse left after the positionals (REMAINDER keeps `-- CMD` whole), parsed into
     `args`; returns the command after `--`."""
     rest = list(args.rest)
+    if args.action == "run" and args.node is not None:  # `run -- CMD`: argparse took `--` and CMD's first word
+        command, args.node = [args.node, *rest], None
+        return command
     head, command = (rest[:rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest else (rest, [])
     options = argparse.ArgumentParser(prog=f"elastic testbed {args.action}", add_help=False)
     _add_options(options)
@@ -160,17 +172,31 @@ def _down(testbed: Testbed) -> int:
 
 
 def _status(testbed: Testbed) -> int:
-    """Exit 0 when up, 1 when not, so scripts can test it."""
+    """Exit 0 when up, 1 when not, so scripts can test it. On the host it names the other releases' testbeds
+    that run in their roots too."""
+    if inside_root() is None:
+        for release in SLURM_VERSIONS[1:]:
+            if processes_in(root_path(release)):
+                print(f"Slurm {release}: running in {root_path(release)} (`elastic testbed status --slurm {release}`)")
     if testbed.is_up():
         states = testbed.node_states()
         gpus = dict(zip(testbed.nodes, testbed.gpus))
-        print(f"up: Slurm {inside_root() or testbed.release}, {len(states)} nodes ({', '.join(f'{n} {s} gpu:{gpus.get(n)}' for n, s in states.items())})")
+        print(f"up: Slurm {inside_root() or _host_release(testbed.release)}, {len(states)} nodes ({', '.join(f'{n} {s} gpu:{gpus.get(n)}' for n, s in states.items())})")
         print(f"export SLURM_CONF={testbed.slurm_conf}")
         return 0
     running = [name for name, pid in testbed.daemon_pids().items() if pid is not None]
     detail = f"; still running: {', '.join(running)} (run `elastic testbed down`)" if running else ""
-    print(f"down (root {testbed.root}){detail}")
+    print(f"down: Slurm {inside_root() or testbed.release} (root {testbed.root}){detail}")
     return 1
+
+
+def _host_release(fallback: str) -> str:
+    """The host's Slurm as its tools say it (22.05.8), else the release the testbed was written for."""
+    try:
+        done = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return fallback
+    return done.stdout.split()[-1] if done.returncode == 0 and done.stdout.split() else fallback
 
 
 def _crash(testbed: Testbed, node: str) -> int:

@@ -86,6 +86,11 @@ def predecessor(env=os.environ) -> str | None:
     return value if value.isdigit() else None
 
 
+class JobCancelled(Exception):
+    """The predecessor was cancelled (scancel, by its user or an admin) with its batch node up: not a loss to
+    recover from, so the successor leaves it ended. The message says how to resume it by hand."""
+
+
 def takeover_reason(slurm, job_id: int | str) -> str | None:
     """Why the successor of Slurm job `job_id` may take the job over now -- after cancelling what is left of
     the predecessor -- or None when its launcher may be alive (the job runs and its batch node is up)."""
@@ -93,9 +98,14 @@ def takeover_reason(slurm, job_id: int | str) -> str | None:
         info = slurm.job_info(int(job_id))
     except Exception:  # noqa: BLE001 -- not known any more: ended long ago
         return "it has ended"
-    if info.state not in ("RUNNING", "SUSPENDED", "RESIZING", "CONFIGURING", "COMPLETING"):
-        return f"it has ended ({info.state})"
     batch = info.batch_host
+    if info.state not in ("RUNNING", "SUSPENDED", "RESIZING", "CONFIGURING", "COMPLETING"):
+        if info.state == "CANCELLED" and batch:
+            state, answering = slurm.node_states([batch]).get(batch, ("", False))
+            if answering and state not in GONE_STATES:  # a launcher killed before it could cancel its successor
+                raise JobCancelled(f"Slurm job {job_id} was cancelled (scancel) with its batch node {batch} up: "
+                                   "a cancelled job is not taken over; `elastic-launch --resume` resumes it by hand")
+        return f"it has ended ({info.state})"
     states = slurm.node_states([batch]) if batch else {}
     state, _answering = states.get(batch, ("", True))  # unanswered pings alone: a busy slurmd, maybe
     if batch and (state in GONE_STATES or batch not in info.nodes):

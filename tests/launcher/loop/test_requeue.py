@@ -165,6 +165,7 @@ def test_the_successor_is_its_own_batch_script_held_in_the_queue_while_the_launc
 @pytest.mark.parametrize("job, node, cancelled, why", [
     (None, None, False, "it has ended"),  # gone from Slurm's memory
     (JobInfo(41, "COMPLETED", [], "n1", 2), None, False, "has ended (COMPLETED)"),
+    (JobInfo(41, "CANCELLED", ["n1"], "n1", 1), ("down", False), False, "has ended (CANCELLED)"),  # node lost
     (JobInfo(41, "RUNNING", ["n1", "n2"], "n1", 2), ("down", False), True, "lost its batch node n1 (down)"),
     (JobInfo(41, "RUNNING", ["n2"], "n1", 1), ("idle", True), True, "lost its batch node n1"),  # taken out of it
     (JobInfo(41, "RUNNING", ["n1", "n2"], "n1", 2), ("mixed", False), False, None),  # a missed ping: alive
@@ -177,6 +178,18 @@ def test_a_successor_takes_over_only_from_a_job_that_ended_or_lost_its_batch_nod
     got = takeover_reason(slurm, "41")
     assert (got is None) == (why is None) and (why is None or why in got), got
     assert (("cancel", 41) in slurm.calls) == cancelled
+
+
+def test_a_successor_leaves_a_job_its_user_cancelled() -> None:
+    """scancel kills the launcher; one killed before it cancelled its successor (SIGKILL after KillWait) left the
+    successor queued, which took the cancelled job over and trained on (seen in bench-rpc on 22.05). A
+    cancelled job whose batch node is up is not a loss: the successor leaves it."""
+    from launcher.backends.slurm.successor import JobCancelled, takeover_reason
+
+    slurm = _Slurm({41: JobInfo(41, "CANCELLED", ["n1", "n2"], "n1", 2)}, {"n1": ("idle", True)})
+    with pytest.raises(JobCancelled, match="cancelled .scancel. with its batch node n1 up"):
+        takeover_reason(slurm, "41")
+    assert ("cancel", 41) not in slurm.calls
 
 
 def test_a_successor_leaves_a_job_whose_launcher_lives(store: Store, tmp_path, monkeypatch) -> None:

@@ -112,3 +112,33 @@ def _exe(name: str) -> str:
     from launcher.testbed.daemons import real_exe
 
     return real_exe(name)
+
+
+@pytest.mark.parametrize("release, ctld, first_slurmd", [("22.05", 26817, 26901), ("24.11", 27817, 27901),
+                                                         ("26.05", 28817, 28901)])
+def test_each_release_has_ports_of_its_own_and_what_it_needs(release, ctld, first_slurmd) -> None:
+    from launcher.testbed.config import cgroup_conf_text, has_accounting, slurm_conf_text
+
+    conf = slurm_conf_text(Path(ROOT), (4, 4), release)
+    assert f"SlurmctldPort={ctld}\n" in conf and f"Port={first_slurmd}-{first_slurmd + 1} " in conf
+    newer = release != "22.05"
+    assert ("AccountingStorageType=accounting_storage/none" in conf) == newer == (not has_accounting(release))
+    assert (cgroup_conf_text(release) or "").endswith("CgroupPlugin=disabled\n") == newer
+    limited = slurm_conf_text(Path(ROOT), (4, 4), release, "rl_bucket_size=4")
+    assert limited == conf + "SlurmctldParameters=rl_enable,rl_bucket_size=4\n"
+
+
+def test_testbed_cli_errors_and_run_on_the_host(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "launcher.cli", "testbed", *argv], capture_output=True,
+                              text=True, timeout=60)
+
+    ran = cli("run", "--", "sh", "-c", "echo ran $0", "there")
+    assert ran.returncode == 0 and ran.stdout.strip() == "ran there", ran.stderr
+    assert "argument --slurm: invalid choice: '99.99'" in cli("status", "--slurm", "99.99").stderr
+    none = cli("run", "--slurm", "22.05")
+    assert none.returncode == 2 and "give the command to run after --" in none.stderr
+    assert "takes no command" in cli("status", "extra", "words").stderr
