@@ -112,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     """`run --slurm R -- CMD`: CMD inside the release's root (on the host for the host's release)."""
-    command = ([args.node] if args.node else []) + list(args.rest)
-    command = command[1:] if command[:1] == ["--"] else command
+    command = list(args.rest)  # _split_rest: what came after `--`
     if not command:
         raise UsageError("give the command to run after --, e.g. `elastic testbed run --slurm 26.05 -- sinfo`")
     if runs_natively(args.slurm):
