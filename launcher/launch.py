@@ -4,7 +4,7 @@ Put it in the sbatch script (use `exec` so the batch step's USR1 reaches it):
 
     #SBATCH --nodes=4 --gres=gpu:4 --signal=B:USR1@60
     exec elastic-launch --nnodes 2:4 --gpus-per-node 4 --layouts pp4tp2,pp2tp4,pp2tp2 \\
-        --db sqlite:///$HOME/elastic.db -- python -m launcher.worker --layers 24 --hidden 512
+        --db sqlite:///${TMPDIR:-/tmp}/elastic-$SLURM_JOB_ID.db -- python -m launcher.worker --layers 24 --hidden 512
 
 The flags are read and checked (launcher.options), the node backend is picked (launcher.backends),
 and the job's control loop (launcher.loop.launcher.Launcher) runs until the job ends. Every trigger --

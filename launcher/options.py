@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                "SIGUSR1 (see --on-signal), a worker that dies.\n\n"
                "Example (in an sbatch script):\n"
                "  exec elastic-launch --nnodes 2:4 --gpus-per-node 4 --layouts pp4tp2,pp2tp4,pp2tp2 \\\n"
-               "      --db sqlite:///$HOME/elastic.db -- python -m launcher.worker --layers 24 --hidden 512",
+               "      --db sqlite:///${TMPDIR:-/tmp}/elastic-$SLURM_JOB_ID.db -- python -m launcher.worker --layers 24 --hidden 512",
     )
     _add_job_arguments(p)
     _add_state_arguments(p)
