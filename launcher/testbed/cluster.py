@@ -47,7 +47,7 @@ from launcher.testbed.config import (
 from launcher.testbed.daemons import Daemon, DaemonProcesses, port_open, testbed_daemons
 from launcher.testbed.errors import TestbedError
 from launcher.testbed.layout import config_matches, shape_path, slurm_conf_path, write_layout
-from launcher.testbed.roots import SLURM_VERSIONS, inside_root
+from launcher.testbed.roots import current_release
 from launcher.testbed.services import ensure_installed, munge_works, start_mariadb, start_munge
 
 UP_TIMEOUT_S = 60.0
@@ -72,8 +72,7 @@ class Testbed:
         self.rpc_limit = rpc_limit  # Slurm's per-user RPC rate limit (config.slurm_conf_text), "" for none
         self.nodes = node_names(self.gpus)
         # the Slurm release this testbed runs: the host's (Debian 12), or the root's this process runs in
-        self.release = next((v for v in SLURM_VERSIONS if (inside_root() or "").startswith(v + ".")),
-                            SLURM_VERSIONS[0])
+        self.release = current_release()
         self.ports = ports_for(self.release)
         self.processes = DaemonProcesses(self.root, self._full_env)
 

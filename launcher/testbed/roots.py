@@ -49,13 +49,16 @@ def inside_root() -> str | None:
         return None
 
 
+def current_release() -> str:
+    """The testbed release of this machine: the root's this process runs in, else the host's."""
+    here = inside_root() or ""
+    return next((v for v in SLURM_VERSIONS if here.startswith(v + ".")), SLURM_VERSIONS[0])
+
+
 def runs_natively(version: str | None) -> bool:
     """Whether `--slurm version` is this machine's own Slurm: none asked, the host's release on the
     host, or the root's release inside that root."""
-    if version is None:
-        return True
-    here = inside_root()
-    return version == SLURM_VERSIONS[0] if here is None else here.startswith(version + ".")
+    return version is None or version == current_release()
 
 
 def root_path(version: str) -> Path:

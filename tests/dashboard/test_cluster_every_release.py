@@ -1,13 +1,12 @@
 """/cluster on the real testbed of whichever Slurm release runs it (the host's 22.05, or 24.11 / 26.05 in their
 roots: `elastic testbed run --slurm R -- pytest -m slurm_core`): every node and every job that holds GPUs is
 on the page, each job on the GPU indices Slurm gave it. The oracle is `scontrol -d show job` (text, read by
-its own regular expression here), not the JSON the dashboard reads. No browser: what differs between
+its own regular expression: tests/dashboard/slurm_oracle.py), not the JSON the dashboard reads. No browser: what differs between
 releases is what Slurm prints, and the page is rendered by Flask's test client.
 """
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import time
 
@@ -16,27 +15,10 @@ import pytest
 from dashboard import create_app
 from dashboard.slurm_reader import read_slurm
 from tests.dashboard.conftest import SECRET, login
+from tests.dashboard.slurm_oracle import gpu_indices as _indices, slurm as _sh
 from tests.launcher.conftest import slurm_testbed  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slurm_core]
-
-
-def _sh(env: dict, *argv: str) -> str:
-    return subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, check=True,
-                          timeout=30).stdout
-
-
-def _indices(env: dict, job: str) -> dict[str, tuple[int, ...]]:
-    """node -> GPU indices of `job` (a heterogeneous component's own id too: scontrol prints every component's
-    record, each from `JobId=`), from scontrol's text."""
-    out: dict[str, tuple[int, ...]] = {}
-    records = re.split(r"(?m)^(?=JobId=)", _sh(env, "scontrol", "-d", "show", "job", job))
-    (record,) = [r for r in records if r.startswith(f"JobId={job} ")]
-    for nodes, idx in re.findall(r"Nodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=gpu:\d+\(IDX:([\d,\-]+)\)", record):
-        gpus = tuple(g for part in idx.split(",") for g in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))
-        for node in _sh(env, "scontrol", "show", "hostnames", nodes).split():
-            out[node] = gpus
-    return out
 
 
 def test_the_cluster_page_shows_every_node_and_job_of_this_release(slurm_testbed, db_url) -> None:

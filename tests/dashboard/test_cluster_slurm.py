@@ -10,7 +10,6 @@ It cancels any job left on the testbed first: under the lock, nothing else may r
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -23,17 +22,13 @@ import pytest
 from dashboard import create_app
 from db import Store
 from tests.dashboard.conftest import PASSWORDS, SECRET
+from tests.dashboard.slurm_oracle import gpu_indices as _gpu_idx, slurm as _slurm
 from tests.dashboard.test_browser import _shot, browser, page  # noqa: F401  (fixtures)
 from tests.launcher.conftest import slurm_testbed  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slurm_host, pytest.mark.browser]
 from tests.paths import ROOT
 WAIT = 180.0
-
-
-def _slurm(env: dict[str, str], *argv: str) -> str:
-    return subprocess.run(list(argv), env={**os.environ, **env}, capture_output=True, text=True, check=True,
-                          timeout=30).stdout
 
 
 def _wait(what: str, fn: Any, timeout: float = WAIT) -> Any:
@@ -44,19 +39,6 @@ def _wait(what: str, fn: Any, timeout: float = WAIT) -> Any:
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def _gpu_idx(env: dict[str, str], job_id: str) -> dict[str, list[int]]:
-    """Oracle for the GPU indices a job holds, from `scontrol -d show job` (text, not the JSON the
-    dashboard reads): lines like `Nodes=n2 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)`."""
-    out: dict[str, list[int]] = {}
-    for nodes, idx in re.findall(r"Nodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=gpu:\d+\(IDX:([\d,\-]+)\)",
-                                 _slurm(env, "scontrol", "-d", "show", "job", job_id)):
-        gpus = [g for part in idx.split(",") for g in
-                range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
-        for node in _slurm(env, "scontrol", "show", "hostnames", nodes).split():
-            out[node] = gpus
-    return out
 
 
 def _open(url: str) -> Store | None:

@@ -145,8 +145,7 @@ class SlurmCommands:
         self.runner = runner or subprocess_runner
         self.timeout = timeout
         self._release: tuple[int, int] | None = None  # the tools' Slurm release, read on first need
-        self._nodes_read: tuple[float, list[NodeInfo]] | None = None  # (when, every node): `nodes(max_age=)`
-        self._jobs_read: tuple[float, list[JobInfo]] | None = None  # (when, every job): `jobs(max_age=)`
+        self._reads: dict[str, tuple[float, list]] = {}  # "nodes"/"jobs" -> (when, what was read): `_shared`
         self.backoff = 1  # routine reads are this many times older while slurmctld answers slowly
         self.say: Callable[[str], None] = lambda msg: print(f"[elastic-launch] {msg}", file=sys.stderr, flush=True)
 
@@ -194,7 +193,7 @@ class SlurmCommands:
             self.say(f"slurmctld took {took:.1f} s to answer `{' '.join(cmd[:2])}` (Slurm's RPC rate limit, "
                      f"rl_enable, or a busy controller): training goes on; the launcher now reads the cluster "
                      f"{self.backoff}x less often")
-        elif took < SLOW_ANSWER_S / 3 and self.backoff > 1 and cmd[:1] != ["srun"]:
+        elif took < SLOW_ANSWER_S / 3 and self.backoff > 1:
             self.backoff = 1
             self.say("slurmctld answers promptly again: the launcher reads the cluster as often as before")
 
@@ -212,22 +211,23 @@ class SlurmCommands:
 
     def jobs(self, max_age: float = 0.0) -> list[JobInfo]:
         """Every job; like `nodes`, a read at most `max_age` s old (times the back-off) is answered again."""
-        now = time.monotonic()
-        if self._jobs_read is None or now - self._jobs_read[0] > max_age * self.backoff:
-            read = parse_squeue_json(self._run(build_squeue_command(fmt=self.json_format()), "listing jobs",
-                                               _STATUS_HINT))
-            self._jobs_read = (now, read)
-        return list(self._jobs_read[1])
+        return self._shared("jobs", max_age, lambda: parse_squeue_json(
+            self._run(build_squeue_command(fmt=self.json_format()), "listing jobs", _STATUS_HINT)))
 
     def nodes(self, max_age: float = 0.0) -> list[NodeInfo]:
         """Every node; a read at most `max_age` seconds old is answered again without asking slurmctld (the
         routine looks -- node health, drains, the policy's partition -- share one read: two RPCs, node and
         partition info, whatever asks)."""
+        return self._shared("nodes", max_age, lambda: parse_sinfo_json(
+            self._run(build_sinfo_command(self.json_format()), "listing nodes", _STATUS_HINT)))
+
+    def _shared(self, what: str, max_age: float, read: Callable[[], list]) -> list:
+        """The last read of `what` while it is at most `max_age` s old (times the back-off), else a new one."""
         now = time.monotonic()
-        if self._nodes_read is None or now - self._nodes_read[0] > max_age * self.backoff:
-            read = parse_sinfo_json(self._run(build_sinfo_command(self.json_format()), "listing nodes", _STATUS_HINT))
-            self._nodes_read = (now, read)
-        return list(self._nodes_read[1])
+        last = self._reads.get(what)
+        if last is None or now - last[0] > max_age * self.backoff:
+            last = self._reads[what] = (now, read())
+        return list(last[1])
 
     def release(self) -> tuple[int, int]:
         """The tools' Slurm release, read once (`version`)."""
