@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from launcher.commands.follow import add_wait_arguments
 from launcher.commands.history import add_db_argument
 from launcher.commands.resize import request
 
@@ -18,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--count", type=int, metavar="N", help="take away any N nodes")
     add_db_argument(parser)
     parser.add_argument("--user", help="who asks (default $USER)")
+    add_wait_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from launcher.commands.follow import add_wait_arguments, follow, wants_wait
 from launcher.commands.history import add_db_argument, open_store
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", required=True, type=int, metavar="N", help="target number of nodes")
     add_db_argument(parser)
     parser.add_argument("--user", help="who asks (recorded in the request and audit log; default $USER)")
+    add_wait_arguments(parser)
 
 
 def requester(user: str | None) -> str:
@@ -60,7 +62,8 @@ def request(args: argparse.Namespace, action: str, raw: dict[str, object]) -> in
             rid, params = store.queue_request(job.id, action, raw, requester(args.user))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        return queue(store, job, action, params, requester(args.user), rid)
+        rc = queue(store, job, action, params, requester(args.user), rid)
+        return follow(store, rid, args.wait_timeout) if wants_wait(args) else rc
     finally:
         store.close()
 

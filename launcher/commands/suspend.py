@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from launcher.commands.follow import add_wait_arguments
 from launcher.commands.history import add_db_argument
 from launcher.commands.resize import request
 
@@ -15,6 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id or name")
     add_db_argument(parser)
     parser.add_argument("--user", help="who asks (default $USER)")
+    add_wait_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
