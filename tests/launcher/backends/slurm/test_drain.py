@@ -17,7 +17,10 @@ from tests.launcher.loop.test_faults import check_curve, read_losses
 from tests.records import verification_told
 
 pytestmark = pytest.mark.slurm
-STEPS = 100
+# The launcher looks for drains every DrainWatch WATCH_S (30 s) on a node read up to READ_AGE_S (25 s) old: it
+# may see a drain ~55 s after it. The job trains for ~80 s after the drain (0.2 s a step), so the shrink comes
+# before it ends (100 steps passed only when the drain happened to fall just before a fresh read).
+STEPS = 400
 
 
 def _scontrol(testbed, *args: str) -> None:
@@ -33,7 +36,7 @@ def test_a_drained_node_is_left_live_and_given_back(slurm_testbed, tmp_path):
         store, job, batch, procs = training_on_two_nodes(slurm, job_id, url, "elastic-drain", loss_file)
         drained = next(n for n in procs if n != batch)
         _scontrol(slurm_testbed, "update", f"nodename={drained}", "state=drain", "reason=elastic-test")
-        (mig,) = wait("the shrink off the drained node", lambda: _failures(store, job.id, 1), timeout=90)
+        (mig,) = wait("the shrink off the drained node", lambda: _failures(store, job.id, 1), timeout=120)
         assert (mig.trigger, mig.status) == ("preempt", "succeeded") and verification_told(mig), mig.error
         assert (mig.from_layout, mig.to_layout) == ("pp2tp1dp2", "pp2tp1dp1")
         wait("the migration's note", lambda: any("drained by the cluster" in n for n in
