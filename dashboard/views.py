@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import datetime, timezone
 from typing import Any
 
-from flask import Blueprint, Flask, Response, abort, current_app, g, render_template, request
+from flask import Blueprint, Flask, Response, abort, current_app, g, render_template, request, url_for
 
 from dashboard import charts
 from dashboard.auth import audit
 from dashboard.deps import is_htmx, store
+from dashboard.timeline import pause_of, timeline
 from db.survival import survival_of
 from db.liveness import lost_since, resume_hint, shown_state
 from db.exports import RANK_MAP_COLUMNS, rank_map_rows, write_csv
@@ -27,15 +29,21 @@ PP_COLOURS = ["#bfdbfe", "#bbf7d0", "#fde68a", "#fecaca", "#ddd6fe", "#a5f3fc", 
 TP_COLOURS = ["#1d4ed8", "#b91c1c", "#047857", "#7c3aed", "#c2410c", "#0e7490", "#be185d", "#4d7c0f"]
 
 
-#: ?show= choices on the jobs page: active jobs unless finished ones are asked for
-JOB_VIEWS = {"active": ("running", "suspended", "stopped"), "all": None, **{st: (st,) for st in JOB_STATES}}
+#: ?show= choices on the jobs page: every state by default (running first, then the most recent), so a job that
+#: just finished is still there
+JOB_VIEWS = {"all": None, "active": ("running", "suspended", "stopped"), **{st: (st,) for st in JOB_STATES}}
 JOBS_PAGE_SIZE = 50
+#: what a rank map's epoch is (the job page, the timeline)
+EPOCH_HINT = ("each placement of the job's ranks on GPUs is an epoch, numbered from 0 where the job started; every "
+              "committed migration, restart or resume starts the next one (a failed migration does not)")
+#: how to create the first user (the login page when there is none; `elastic dashboard`'s start message)
+ADD_USER = "elastic dashboard --add-user NAME --role admin"
 
 
 @bp.get("/")
 def jobs() -> str:
     """One page of jobs, running first; the same few queries for any number of jobs."""
-    show = request.args.get("show", "active")
+    show = request.args.get("show", "all")
     name = request.args.get("name", "").strip()
     if show not in JOB_VIEWS:
         abort(400, description=f"bad show {show[:40]!r}: expected one of {', '.join(JOB_VIEWS)}")
@@ -46,7 +54,7 @@ def jobs() -> str:
     except ValueError as exc:
         abort(400, description=str(exc))
     rows, total = store().jobs_page(JOB_VIEWS[show], name or None, JOBS_PAGE_SIZE, (page - 1) * JOBS_PAGE_SIZE)
-    args = {k: v for k, v in (("show", show), ("name", name)) if v and (k, v) != ("show", "active")}
+    args = {k: v for k, v in (("show", show), ("name", name)) if v and (k, v) != ("show", "all")}
     ctx = {"rows": rows, "tiers": SLA_TIERS, "args": args, "page": page, "total": total, "show": show,
            "name": name, "views": JOB_VIEWS, "pages": max(1, -(-total // JOBS_PAGE_SIZE))}
     return render_template("_jobs_table.html" if is_htmx() else "jobs.html", **ctx)
@@ -57,7 +65,12 @@ def _job_panels(job_id: int) -> dict[str, Any]:
         placement = store().placement(job_id)
     except LookupError:
         abort(404, description=f"no job {job_id}")
-    return {"p": placement, "job": placement["job"], "migrations": store().recent_migrations(job_id, 5),
+    marked, steps = store().recent_migrations(job_id, 50), store().steps(job_id)  # marked on the loss chart
+    loss = [s.loss for s in steps if s.loss is not None]
+    return {"p": placement, "job": placement["job"], "migrations": marked[:5],
+            "t": timeline(store().rank_maps(job_id), marked, steps, datetime.now(timezone.utc),
+                          href=lambda mid: url_for("views.migration", mid=mid)),
+            "last_loss": loss[-1] if loss else None, "pause_of": pause_of,
             "why_failed": store().why_failed(job_id),
             "sv": survival_of(store().launch_spec(job_id)),
             "requests": store().list_requests(job_id, 8), "pp_colours": PP_COLOURS, "tp_colours": TP_COLOURS}
@@ -147,4 +160,5 @@ def init_app(app: Flask) -> None:
         app.register_error_handler(code, _error)
     app.register_error_handler(500, _crash)
     app.jinja_env.globals.update(human_bytes=charts.human_bytes, survival_of=survival_of, shown_state=shown_state,
-                                  lost_since=lost_since, resume_hint=resume_hint)
+                                  lost_since=lost_since, resume_hint=resume_hint, epoch_hint=EPOCH_HINT,
+                                  no_users=lambda: not store().list_users(), ADD_USER=ADD_USER)

@@ -43,7 +43,7 @@ def dry_run(opts: Options, backend, db_url: str | None, out=None) -> None:
     --nnodes MIN; starts and writes nothing."""
     out = out or sys.stdout
     nodes = backend.allocation()[:opts.max_nodes]
-    request = StartRequest.for_job(opts, db_url, opts.master_port or None)
+    request = StartRequest.for_job(opts, db_url, opts.master_port or None, backend)
     print(f"# {backend.describe()}", file=out)
     print(f"# start: workers on {len(nodes)} node(s)", file=out)
     for cmd in request.commands(backend, nodes):

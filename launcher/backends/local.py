@@ -89,7 +89,8 @@ class LocalNodes:
         how = "workers forked from a process that has imported torch" if self.fork_server else \
             "every worker a new interpreter"
         devices = f"with {','.join(map(str, self.sizes))}" if len(set(self.sizes)) > 1 else f"x {self.gpus_per_node}"
-        return f"local backend: {len(self.names)} simulated nodes {devices} devices on this machine, {how}"
+        nodes = f"{len(self.names)} simulated node{'s' if len(self.names) != 1 else ''}"
+        return f"local backend: {nodes} {devices} devices on this machine, {how}"
 
     def worker_env(self, node: str, index: int, base: Mapping[str, str]) -> list[dict[str, str]]:
         out = []

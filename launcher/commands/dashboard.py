@@ -146,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
     threads = int(config.get("THREADS") or 8)
     print(f"elastic dashboard on http://{host}:{port}/ (database {url}, {args.server} server, "
           f"{threads} threads)", file=sys.stderr)
+    if not app.extensions["elastic_store"].list_users():  # the login page says it too
+        where = f" --db {url}" if args.db else f" --config {args.config}" if args.config else ""
+        print(f"no dashboard user yet: create one with `elastic dashboard{where} --add-user NAME --role admin` "
+              "(it asks for the password), then log in", file=sys.stderr)
     try:
         if args.server == "dev":
             app.run(host=host, port=port, threaded=True, debug=False, use_reloader=False)

@@ -83,16 +83,25 @@ class Holdings:
         return dataclasses.replace(said, batch=self.backend.successor is not None,
                                    **({"node": False, "node_note": ends} if ends else {}))
 
-    def launch_spec(self, current) -> dict:
-        """What the dashboard's dry run of a preempt needs without importing the launcher: the model,
-        the node range, and the layout this job's policy picks for every node count in it."""
-        layouts = {}
+    def layout_choices(self) -> list[tuple[int, int, object]]:
+        """(nodes, devices, the layout this job runs there) for every node count of --nnodes that has one."""
+        out = []
         for n in range(self.opts.min_nodes, self.opts.max_nodes + 1):
             devices = self.devices_on(self.alloc[:n])
             try:
-                layouts[str(devices)] = str(self.choose(devices))
+                out.append((n, devices, self.choose(devices)))
             except LayoutError:
                 continue
+        return out
+
+    def layouts_said(self) -> str:
+        """The layouts this job will use, for the log: "1 node: pp1tp2dp1, 2 nodes: pp1tp2dp2"."""
+        return ", ".join(f"{n} node{'s' if n != 1 else ''}: {layout}" for n, _d, layout in self.layout_choices())
+
+    def launch_spec(self, current) -> dict:
+        """What the dashboard's dry run of a preempt needs without importing the launcher: the model,
+        the node range, and the layout this job's policy picks for every node count in it."""
+        layouts = {str(devices): str(layout) for _n, devices, layout in self.layout_choices()}
         return {"model": self.model.flags(), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
                 "gpus_per_node": self.gpn, "layouts": layouts, "placement": self.opts.placement,
                 "checkpoint_every": self.opts.checkpoint_every, "survives": self.survival(current).as_dict()}

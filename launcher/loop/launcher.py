@@ -99,7 +99,7 @@ class Launcher:
         self.mode.ctl = self.ctl
         self.log(f"control plane on {self.opts.master_addr}:{self.ctl.port} (the job's processes only); "
                  f"{self.backend.describe()}")
-        self.request = StartRequest.for_job(self.opts, self.db.url, self.ctl.port)
+        self.request = StartRequest.for_job(self.opts, self.db.url, self.ctl.port, self.backend)
         largest = max((self.holdings.devices_on([n]) for n in self.alloc), default=self.gpn)
         self.ctl.set_shapes(live_plan.shapes(self.opts, self.holdings.tp_fit, largest))
         nodes = self.alloc[:self.opts.max_nodes]
@@ -137,7 +137,10 @@ class Launcher:
         self.mode.start_world(nodes)
         if not deciding:  # auto mode: recorded once it trains as a restart-mode world (RestartMode.record_world)
             self.mode.record_world()
-        self.log(f"job {self.job_id}: restart mode, {self.current.layout} on {','.join(nodes)}")
+            self.log(f"job {self.job_id}: restart mode, {self.current.layout} on {','.join(nodes)}")
+        else:  # nothing is decided yet: no layout is claimed
+            self.log(f"job {self.job_id}: {len(self.current.devices)} workers on {','.join(nodes)}: live mode if "
+                     f"they join through launcher.runtime, else restart mode ({self.current.layout})")
 
     def went_live(self) -> bool:
         """Auto mode: once a worker joined through launcher.runtime, the job runs in live mode from here."""
@@ -158,6 +161,9 @@ class Launcher:
         # the reference GPT (python -m launcher.worker) among them: its layouts are checked against its
         # ModelSpec, read from the command line as --layouts was (options.model_from_command)
         h.model = live_plan.known_model(self.opts)
+        self.log(f"live mode, layouts by node count: {h.layouts_said()}" + (
+            f"; the runtime's own lines (migrations, checkpoints) go to {self.request.runtime_log}/runtime-dev<D>.log"
+            if self.request.runtime_log else ""))
         layout = h.choose(h.devices_on(nodes))
         if (note := h.idle_note(h.devices_on(nodes), layout)) is not None:
             self.log(note)
@@ -295,6 +301,11 @@ class Launcher:
         dead = {d: rc for d, rc in exited.items() if rc != 0}
         gone = {} if dead else self.mode.probe.gone(self.mode.world, list(self.current.devices))
         if dead or gone:  # a worker ended badly, or a node vanished without its workers being seen to end
+            if (why := self.ctl.given_up()) is not None:  # the workers ended it on purpose: no recovery helps
+                self.log(f"stopping the job: {why}")
+                self.workers.kill_all()
+                self.recorder.job_state("failed", why=why)
+                return False
             out = recovery.lose_nodes(self.mode, gone) if gone else recovery.recover(self.mode, dead)
             if not out.ok:
                 self.log(f"cannot recover: {out.message}; stopping the job")

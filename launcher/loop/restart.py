@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.loop.rank_errors import first_failure
+from launcher.loop.rank_errors import first_failure, logged_failure
 from launcher.backends.slurm.hostlist import compress_hostlist
 from launcher.wire.env import ENV_ERROR_DIR, ENV_RANK_BASE, ENV_SRUN_PREFIX
 from launcher.wire.guarded_store import GuardedStoreServer
@@ -131,6 +131,7 @@ class RestartMode:
         self.killed: list[str] = []  # nodes whose workers the last stop_world had to SIGKILL
         self.failures = 0
         self.recorded = False  # the running world's rank map is in the database
+        self.output_at: dict[Path, int] = {}  # the workers' output files' sizes when this world started
 
     # -- one world ------------------------------------------------------------------------------
     def layout(self, nodes: list[str]) -> RankMap:
@@ -143,6 +144,8 @@ class RestartMode:
         sizes = [len(self.holdings.node_devices(n)) for n in nodes]
         port = self.rdzv.new_world(sum(sizes))
         shutil.rmtree(self.error_dir(), ignore_errors=True)  # an earlier run's files of the same world number
+        self.output_at = {f: f.stat().st_size for n in nodes for f in
+                          self.workers.backend.output_files(n, self.holdings.node_devices(n)) if f.exists()}
         for pos, n in enumerate(nodes):
             env = {**self.env_for(0),
                    **torchrun_env(master_addr=self.opts.master_addr, master_port=port, node_rank=pos,
@@ -206,6 +209,10 @@ class RestartMode:
         out = Outcome(trigger, False, "", from_layout=str(self.current.layout), to_layout=str(new.layout),
                       nodes_before=len(before), nodes_after=len(before))
         rec.begin(out, {"restart": self.count + 1, "nodes": target, "from_nodes": before}, kind="restart")
+        done = sorted(d for d, rc in self.workers.exited().items() if rc == 0)
+        if done and trigger != "failure":  # the script completed on them: a new world would only find it done
+            return rec.failed(out, f"declined: the job finished (workers {done} completed the script) before the "
+                                   f"restart could apply", "declined")
         self.log(f"restart {self.count + 1}: {out.from_layout} on {','.join(before)} -> {out.to_layout} on "
                  f"{','.join(target)} ({trigger}); stopping the workers")
         stop_s = self.stop_world()
@@ -235,15 +242,29 @@ class RestartMode:
         """Where the running world's ranks write their error files (TORCHELASTIC_ERROR_FILE)."""
         return self.error_root / f"world-{self.count}"
 
-    def first_failure(self) -> str | None:
+    def first_failure(self, dead: dict[int, int]) -> str | None:
         """The running world's first failure as torchrun names it (rank, node, exception), logged with its
-        traceback; None when no rank wrote one (a program without @record, a signal)."""
-        found = first_failure(self.error_dir())
+        traceback: from the error files @record wrote, else from the output files of the `dead` workers
+        (rank_errors.logged_failure); None when neither has one (a signal, output not in files)."""
+        found = first_failure(self.error_dir()) or self._logged_failure(dead)
         if found is None or found.rank >= len(self.current.devices):
             return None
         line = found.line(self.holdings.node_of(self.current.devices[found.rank]))
         self.log(line + ("\n" + found.traceback.rstrip() if found.traceback else ""))
         return line
+
+    def _logged_failure(self, dead: dict[int, int]):
+        """The earliest last traceback in the output files of the `dead` workers of this world; a file that
+        holds several workers' output (one srun step's) names them all, not one rank."""
+        devices = list(self.current.devices)
+        ranks: dict[Path, list[int]] = {}
+        for r, d in enumerate(devices):
+            for f in self.workers.backend.output_files(self.holdings.node_of(d), [d]):
+                ranks.setdefault(f, []).append(r)
+        found = [f for path, rs in ranks.items() if any(devices[r] in dead for r in rs)
+                 and (f := logged_failure(rs[0], path, "" if len(rs) == 1 else f"one of ranks "
+                                          f"{','.join(map(str, rs))}", self.output_at.get(path, 0))) is not None]
+        return min(found, key=lambda f: (f.timestamp, f.rank), default=None)
 
     def on_failure(self, dead: dict[int, int]) -> Outcome:
         """A worker failed: restart the whole world on the same nodes (torchrun's --max-restarts). A worker
@@ -254,7 +275,7 @@ class RestartMode:
             self.failures += 1
             self.log(f"workers {sorted(dead)} failed (exit codes {sorted(set(dead.values()))}); "
                      f"{self.workers.log_hint(dead)}")
-            cause = self.first_failure()
+            cause = self.first_failure(dead)
             if self.failures > self.opts.max_restarts:
                 why = f"workers {sorted(dead)} failed and --max-restarts {self.opts.max_restarts} is used up"
                 return self.recorder.keep(Outcome("failure", False, why + (f"; {cause}" if cause else "")))

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.wire.env import ENV_CKPT_DIR, ENV_CKPT_EVERY, ENV_FIRST_EVENT, ENV_GPUS_PER_NODE, ENV_STORE
+from launcher.wire.env import (ENV_CKPT_DIR, ENV_CKPT_EVERY, ENV_FIRST_EVENT, ENV_GPUS_PER_NODE, ENV_RUNTIME_LOG,
+                               ENV_STORE)
 from launcher.backends import NodeBackend
 from launcher.options import Options, default_checkpoint_dir
 
@@ -31,11 +32,15 @@ class StartRequest:
     gpus_per_node: int
     checkpoint_dir: str
     checkpoint_every: int
+    runtime_log: str | None = None  # ENV_RUNTIME_LOG: where the runtime's lines go when no file takes the output
 
     @classmethod
-    def for_job(cls, opts: Options, db_url: str | None, port: int | None) -> "StartRequest":
-        return cls(tuple(opts.command), opts.master_addr, port, opts.gpus_per_node, checkpoint_dir(opts, db_url),
-                   opts.checkpoint_every)
+    def for_job(cls, opts: Options, db_url: str | None, port: int | None, backend: NodeBackend) -> "StartRequest":
+        folder = checkpoint_dir(opts, db_url)
+        first = backend.allocation()[0]
+        captured = backend.output_files(first, range(backend.gpus_on(first)))  # --log-dir: the worker log files
+        return cls(tuple(opts.command), opts.master_addr, port, opts.gpus_per_node, folder, opts.checkpoint_every,
+                   None if captured else f"{folder}.logs")
 
     def env(self, first_event: int) -> dict[str, str]:
         """Every worker's environment before the backend adds its node's and device's variables;
@@ -44,7 +49,8 @@ class StartRequest:
         return {ENV_STORE: f"{self.master_addr}:{port}", ENV_GPUS_PER_NODE: str(self.gpus_per_node),
                 ENV_FIRST_EVENT: str(first_event), "MASTER_ADDR": self.master_addr, "MASTER_PORT": port,
                 "PYTHONUNBUFFERED": "1", ENV_CKPT_DIR: self.checkpoint_dir,
-                ENV_CKPT_EVERY: str(self.checkpoint_every)}
+                ENV_CKPT_EVERY: str(self.checkpoint_every), **({ENV_RUNTIME_LOG: self.runtime_log}
+                                                               if self.runtime_log else {})}
 
     def commands(self, backend: NodeBackend, nodes: Sequence[str], first_event: int = 0) -> list[list[str]]:
         """The command lines that start the workers of `nodes` (indices from the backend's allocation)."""

@@ -45,7 +45,9 @@ from `join` on: each layout's parameters and state are put into it, so a schedul
 on it keeps working across migrations. Declare the LR scheduler to `join` (`scheduler=`, any
 torch.optim.lr_scheduler, chained or sequential too) rather than making it on `job.optimizer` yourself:
 a worker that joins later gets the declared one's state handed over, a scheduler of its own would
-start from the beginning. `job.model` is each layout's own module (None until this worker trains).
+start from the beginning. Every step's commit vote compares the step and each parameter group's lr and other
+scalar settings across the training world (launcher.runtime.vote, no extra message): where they differ the
+job stops with one line naming the cause and the fix, instead of its replicas training apart in silence. `job.model` is each layout's own module (None until this worker trains).
 Checkpoints hold the model, the optimizer's state and settings, the scheduler and `state`'s objects, so a
 restore from one goes on with the schedule. The manifest of a
 layout no process holds yet comes from building the model on the meta device

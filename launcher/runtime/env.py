@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from launcher.wire.env import (ENV_CKPT_DIR, ENV_CKPT_EVERY, ENV_DEVICE, ENV_FIRST_DEVICE, ENV_FIRST_EVENT,
-                               ENV_GPUS_PER_NODE, ENV_LOCAL_ID, ENV_NODE_INDEX)
+                               ENV_GPUS_PER_NODE, ENV_LOCAL_ID, ENV_NODE_INDEX, ENV_RUNTIME_LOG)
 
 
 def device_from_env(env=os.environ) -> tuple[int, int, int]:
@@ -31,3 +31,13 @@ def checkpoints_from_env(env=os.environ) -> tuple[str | None, int]:
     """(folder of the job's checkpoints or None, safety checkpoint every N steps: 0 never, and without a folder)."""
     folder = env.get(ENV_CKPT_DIR) or None
     return folder, int(env.get(ENV_CKPT_EVERY, "0") or 0) if folder else 0
+
+
+def runtime_log_from_env(device: int, env=os.environ):
+    """Where the runtime's own lines go: a text file of their own (the workers' output goes to the launcher's,
+    whose user wants one line per migration, not every worker's), else None: the worker's stderr."""
+    folder = env.get(ENV_RUNTIME_LOG)
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    return open(os.path.join(folder, f"runtime-dev{device}.log"), "a", buffering=1)

@@ -17,7 +17,7 @@ from launcher.runtime.build import Builder
 from launcher.runtime.clip import average_over_dp, clip_grad_norm_ as clip_grads
 from launcher.runtime.collector import CollectorHold
 from launcher.runtime.events import EventBoundary
-from launcher.runtime.env import checkpoints_from_env, device_from_env, first_event_from_env
+from launcher.runtime.env import checkpoints_from_env, device_from_env, first_event_from_env, runtime_log_from_env
 from launcher.runtime.layout import Layout, device_mesh, parse_layout
 from launcher.runtime.migration import Migration
 from launcher.runtime.overhead import StepCost
@@ -32,6 +32,13 @@ from launcher.wire.env import ENV_STORE
 from migrate.cma import enabled_from_env as cma_enabled_from_env
 
 
+#: what the ranks of a training world can disagree on (Job._disagree), and the fix, in the vote's `agree` order
+DISAGREE = (("the step", "every rank must call job.next_step() and optimizer.step() once per step"),
+            ("the learning rate", "declare the scheduler to join(scheduler=...) instead of making it on "
+                                  "job.optimizer (a worker that joins later would start its own from the beginning)"),
+            ("the optimizer's settings", "change them alike on every rank, from a scheduler declared to "
+                                         "join(scheduler=...) or an object given to join(state=...)"))
+
 #: what the launcher names when a joined worker never reaches the step boundary
 STEP_CALL = "job.next_step()"
 JOIN_CALL = "launcher.runtime.join(...)"
@@ -45,6 +52,7 @@ class Job:
                  collective_timeout: float = 120.0, local: tuple[int, int] = (0, 1),
                  scheduler: Callable | None = None, fsdp_units: Callable | None = None) -> None:
         self.ctl, self.device = ctl, device
+        self._log_to = runtime_log_from_env(device) or sys.stderr
         self.timeout = collective_timeout  # seconds a collective may wait for a peer
         self._local = local  # (local rank, workers per node): torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE
         self.builder = Builder(model, tp_plan, optimizer, manifest, fsdp_units)
@@ -55,7 +63,8 @@ class Job:
         # the one optimizer object of this worker: rebound to every layout's parameters (state.rebind)
         self.optimizer = self.builder.placeholder_optimizer()
         self.scheduler = scheduler(self.optimizer) if scheduler is not None else None
-        self._carry(OptimizerSettings(self.optimizer), self.scheduler)
+        self.settings = OptimizerSettings(self.optimizer)
+        self._carry(self.settings, self.scheduler)
         self.layout: Layout | None = None
         self.step = 0
         self.epoch = first_event_from_env()
@@ -64,6 +73,7 @@ class Job:
         self.cost = StepCost()  # what the runtime costs a step ($ELASTIC_RUNTIME_STATS)
         self.migrations = 0
         self.world: str | None = None  # the training world (launcher.wire.control: w<event>)
+        self.came_by: str | None = None  # the migration that made this world, e.g. "the grow A -> B" (_disagree)
         self.broken = False  # a step failed because a peer did: wait for the launcher's recovery event
         self._committed = 0  # the last step whose optimizer update committed (launcher.runtime.faults)
         self._entered_at = 0  # the step this worker entered its current world at (_enter)
@@ -89,7 +99,7 @@ class Job:
         self.carried = {**self.extras, **{k: v for k, v in own.items() if v is not None}}
 
     def log(self, msg: str) -> None:
-        print(f"[runtime dev{self.device} ev{self.epoch}] {msg}", file=sys.stderr, flush=True)
+        print(f"[runtime dev{self.device} ev{self.epoch}] {msg}", file=self._log_to, flush=True)
 
     # -- the step boundary ------------------------------------------------------------------------
     def next_step(self, until: int | None = None) -> bool:
@@ -174,8 +184,11 @@ class Job:
         runtime_faults.die_at(self.fault, "step", self.step, self.log)
         self.ctl.mark("voted")
         t0 = time.perf_counter()
-        verdict = self.vote.vote(self.world, self.step - 1, self.layout.rank, self.layout.world_size, self.epoch)
+        verdict = self.vote.vote(self.world, self.step - 1, self.layout.rank, self.layout.world_size, self.epoch,
+                                 agree=(self.step, *self.settings.fingerprints()))
         self.cost.voted(time.perf_counter() - t0)
+        if verdict.disagree:
+            self._disagree(verdict.disagree)
         if not verdict.committed:
             why = f" ({type(verdict.failure).__name__}: {str(verdict.failure)[:200]})" if verdict.failure else ""
             raise runtime_faults.StepAborted(f"step {self.step} abandoned: a worker of {self.world} failed{why}")
@@ -184,6 +197,20 @@ class Job:
         self._committed, self.events.told = self.step, verdict.event
         if verdict.failure is not None:  # committed everywhere, yet a peer is gone: apply it, then recover
             self._abandon(verdict.failure)
+
+    def _disagree(self, apart: tuple[int, ...]) -> None:
+        """The ranks hold different steps or optimizer settings (the vote's `agree` values, in this order):
+        training on would diverge in silence (the replicas step with different learning rates), and no
+        recovery can tell which rank is right. Every rank says so to the launcher, which stops the job with
+        this one line; rank 0 prints it; every rank exits with status 2, as a worker whose model differs."""
+        what = " and ".join(DISAGREE[i][0] for i in apart)
+        fix = next(DISAGREE[i][1] for i in (1, 2, 0) if i in apart)
+        where = f"at step {self.step}" + (f", after {self.came_by}" if self.came_by else "")
+        why = f"workers disagree on {what} {where}: {fix}"
+        self.ctl.give_up(why)
+        if self.layout.rank == 0:
+            print(f"runtime: {why}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
 
     def _cut(self) -> None:
         cut_collective_sockets(self.ctl.port)  # peers blocked on this worker fail at once

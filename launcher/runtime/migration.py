@@ -249,6 +249,14 @@ class Migration:
             raise
         ctl.mark("built")
         job.migrations += 1
+        job.came_by = _which(ev)
         phases.update(build_groups=groups + groups_w, rebuild=time.perf_counter() - t4 - groups_w)
         ctl.set_result(e, job.device, {**report, "phases": phases})
         return True
+
+
+def _which(ev: dict) -> str:
+    """A reshard event in a user's words: "the grow pp1tp2dp1 -> pp1tp2dp2"."""
+    before, after = len(ev["prev"]["devices"]), len(ev["curr"]["devices"])
+    kind = "recovery" if ev.get("failed") else "grow" if after > before else "shrink" if after < before else "move"
+    return f"the {kind} {ev['prev']['layout']} -> {ev['curr']['layout']}"

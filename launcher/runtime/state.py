@@ -3,6 +3,7 @@ naming) for a migration or a checkpoint to move, and put back without copies whe
 functions of the objects given; the Job (launcher.runtime.job) decides when."""
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Mapping
 
@@ -158,9 +159,39 @@ class OptimizerSettings:
     def state_dict(self) -> list[dict]:
         return [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
 
+    def fingerprints(self) -> tuple[int, int]:
+        """(every group's lr, every group's other scalar settings), each a 62-bit digest: what the step's
+        vote compares across the training world (launcher.runtime.vote), a few microseconds a step. A value
+        that is no scalar (a callable, say) is left out: its repr may differ between equal processes."""
+        lrs, rest = [], []
+        for g in self.opt.param_groups:
+            lrs.append(_scalar(g.get("lr")))
+            rest.append(sorted((k, _scalar(v)) for k, v in g.items() if k not in ("params", "lr")
+                               and _scalar(v) is not _OTHER))
+        return _digest(lrs), _digest(rest)
+
     def load_state_dict(self, groups: list[dict]) -> None:
         if len(groups) != len(self.opt.param_groups):
             raise RuntimeError(f"{len(groups)} optimizer parameter groups received, this optimizer has "
                                f"{len(self.opt.param_groups)}")
         for group, saved in zip(self.opt.param_groups, groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
+
+
+_OTHER = object()  # a setting that is no scalar
+
+
+def _scalar(v):
+    """A setting as plain Python numbers (a one-element tensor as its value), _OTHER when it is none."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (tuple, list)):
+        items = [_scalar(x) for x in v]
+        return _OTHER if any(x is _OTHER for x in items) else tuple(items)
+    if hasattr(v, "numel") and v.numel() == 1:
+        return v.item()
+    return _OTHER
+
+
+def _digest(values) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(values).encode(), digest_size=8).digest(), "big") >> 2

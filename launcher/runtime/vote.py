@@ -6,8 +6,12 @@ rank 2 * ceil(log2 N) small point-to-point messages and rank 0 alone a fixed num
 so the store's share does not grow with the job (`elastic bench-control` measures both).
 
 The vote on the update of step k (the optimizer's pre-step hook: every rank's gradients are reduced):
- 1. ready: a dissemination all-reduce, ceil(log2 N) rounds; a rank gets out of it only once every rank
-    has entered it, that is once every rank is ready to apply its update.
+ 1. ready: a dissemination all-reduce (max), ceil(log2 N) rounds; a rank gets out of it only once every rank
+    has entered it, that is once every rank is ready to apply its update. It carries what every rank must
+    hold alike (`agree`: the step, fingerprints of the optimizer's settings), each value v as (v, -v), so
+    every rank learns the max and the min of each at no extra message: where they differ, nobody applies
+    the update and every rank's verdict names the values that disagree (a worker that joined with a
+    schedule of its own would otherwise train on with another learning rate, in silence).
  2. settle: rank 0 sets `c/<world>/<k>` to "go" with one compare-and-set on the store, and looks for the
     next event there (one check).
  3. tell: rank 0's answer (go, event posted) goes down a binomial tree to every rank.
@@ -39,6 +43,7 @@ class Verdict:
     committed: bool  # apply the update
     event: bool = False  # rank 0 saw the next event posted (told to every rank that got the answer)
     failure: BaseException | None = None  # a peer failed during the vote: the world is broken
+    disagree: tuple[int, ...] = ()  # indices of the `agree` values the ranks do not hold alike (not committed)
 
 
 def dissemination_rounds(n: int) -> int:
@@ -64,13 +69,21 @@ class StepVote:
             self.ctl.set_step(device, step)
             self._beat = now
 
-    def vote(self, world: str, step: int, rank: int, n: int, epoch: int) -> Verdict:
-        """Vote on the update after `step` finished steps of `world` (n ranks); epoch: the next event."""
+    def vote(self, world: str, step: int, rank: int, n: int, epoch: int, agree: tuple[int, ...] = ()) -> Verdict:
+        """Vote on the update after `step` finished steps of `world` (n ranks); epoch: the next event;
+        agree: non-negative values below 2**62 every rank must hold alike (see the module docstring)."""
         import torch
 
-        flag = torch.zeros(2, dtype=torch.int32)
+        flag = torch.zeros(2 + 2 * len(agree), dtype=torch.int64)
+        for i, v in enumerate(agree):
+            flag[2 + 2 * i], flag[3 + 2 * i] = v, -v
         try:
             self.ready(flag, rank, n)
+            apart = tuple(i for i in range(len(agree)) if int(flag[2 + 2 * i] + flag[3 + 2 * i]) != 0)
+            if apart:  # every rank holds the same max and min: every rank stops here, none applies it
+                if rank == 0:
+                    self.ctl.settle_step(world, step, "no")
+                return Verdict(False, disagree=apart)
             if rank == 0:
                 if step > 0:  # every rank is past the previous vote: its key goes
                     self.ctl.drop_step_vote(world, step - 1)
@@ -86,7 +99,9 @@ class StepVote:
 
 
 def ready_messages(flag, rank: int, n: int) -> None:
-    """Dissemination barrier: in round i, message rank + 2**i, hear from rank - 2**i."""
+    """Dissemination all-reduce (max): in round i, message rank + 2**i, hear from rank - 2**i and keep the
+    larger of each value. After round i a rank holds the max over 2**(i+1) consecutive ranks (max does
+    not mind ranks counted twice), so after ceil(log2 n) rounds every rank holds the max over all."""
     import torch
     import torch.distributed as dist
 
@@ -96,6 +111,7 @@ def ready_messages(flag, rank: int, n: int) -> None:
         into = dist.irecv(got, (rank - k) % n, tag=TAG)
         out.wait()
         into.wait()
+        torch.maximum(flag, got, out=flag)
         k <<= 1
 
 

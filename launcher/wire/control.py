@@ -20,6 +20,8 @@ Everything the launcher and the workers say to each other goes through these key
   probe/<world>          the launcher's answer: the seconds its check of the nodes may take, or "clear"
   losses                 committed steps' losses (JSON lines [step, loss, layout]) appended by the rank that reports
                          them, cleared by the launcher once it has recorded them
+  giveup                 why the workers stopped the job and what to do (one line): no recovery can help (e.g. the
+                         ranks disagree on the optimizer's settings, launcher.runtime.vote)
 
 Events are numbered 0, 1, 2 ... and every worker handles every event in order, so a worker
 started later (on a node the job grows onto) catches up by reading the events it missed.
@@ -197,6 +199,13 @@ class Control:
         if text and self.store.compare_set("losses", text, "") == b"":
             return new, 0
         return new, len(lines)
+
+    def give_up(self, why: str) -> None:
+        """The workers end the job on purpose (`giveup`): the launcher stops it with `why` instead of recovering."""
+        self.store.set("giveup", why)
+
+    def given_up(self) -> str | None:
+        return self.store.get("giveup").decode() if self.has("giveup") else None
 
     def steps(self, devices: Iterable[int]) -> dict[int, int]:
         return {d: int(v.decode()) for d, v in self._values("step/", devices).items()}

@@ -16,6 +16,9 @@ ENV_FIRST_EVENT = "ELASTIC_FIRST_EVENT"  # first event this worker handles
 ENV_NODE = "ELASTIC_NODE"
 ENV_CKPT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where the job's checkpoints live (suspend and safety)
 ENV_CKPT_EVERY = "ELASTIC_CHECKPOINT_EVERY"  # safety checkpoint every N steps (0: never)
+ENV_RUNTIME_LOG = "ELASTIC_RUNTIME_LOG"  # live mode: the folder of the runtime's own lines (runtime-dev<D>.log) when
+# the workers' output goes to elastic-launch's own (no --log-dir): the user's terminal gets the launcher's line per
+# migration, not every worker's; unset, they go to the worker's stderr (its log file)
 ENV_ERROR_DIR = "ELASTIC_ERROR_DIR"  # restart mode: the world's folder of per-rank error files (TORCHELASTIC_ERROR_FILE)
 ENV_SRUN_PREFIX = "ELASTIC_SRUN_"  # restart mode: the world's SLURM_* variables, carried past srun (which sets its
 # own step's in every task) and given their names back in each worker by launcher.runtime.torchrun_exec

@@ -269,3 +269,27 @@ def test_an_admin_switches_a_jobs_policy_on_the_cluster_page(page: Any, server: 
         assert store.audit_log(target="job:1")[0].result == "switched: opportunistic -> manual"
     finally:
         store.close()
+
+
+def test_the_job_page_leads_with_state_step_loss_and_pauses_and_a_finished_job_offers_no_actions(
+        page: Any, server: str, db_url: str) -> None:
+    """In Chromium: the summary (state, step, loss by step, last pauses) sits above the placement grid; when the
+    job finishes the polled summary says so, and a reload shows no action buttons."""
+    store = Store(db_url)
+    for i in range(1, 31):
+        store.record_step(1, i, 4.0 - 0.05 * i, "pp2tp2dp1")
+    store.update_job(1, last_step=30)
+    store.close()
+    _login(page, server, "admin")
+    summary, placement = page.locator("#summary"), page.locator("#placement")
+    assert summary.bounding_box()["y"] < placement.bounding_box()["y"]
+    assert page.locator("#job-step").inner_text() == "30" and page.locator("#job-state").inner_text() == "running"
+    assert page.locator("#summary-loss-chart path.line").get_attribute("data-points") == "30"
+    assert "10.250 s" in page.locator('#pauses tr[data-migration="1"] td.pause').inner_text()
+    assert page.locator("button[name=shrink]").is_visible()
+    store = Store(db_url)
+    store.set_job_state(1, "finished")
+    store.close()
+    page.wait_for_selector('#job-state:text("finished")')  # the panels' polling, no reload
+    page.reload()
+    assert page.locator("#no-actions").is_visible() and page.locator("button[name=shrink]").count() == 0

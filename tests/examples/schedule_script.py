@@ -2,7 +2,9 @@
 exponential decay, SequentialLR) declared to `runtime.join(scheduler=...)`; the tests resize its job and
 compare every step's lr and loss with an uninterrupted run (tests/examples/test_schedule_live.py). With
 --optimizer another torch.optim class trains it, --clip clips the gradients by `job.clip_grad_norm_` and
---dump-dir saves the whole state around every step (tests/examples/test_optimizers_live.py).
+--dump-dir saves the whole state around every step (tests/examples/test_optimizers_live.py). With --undeclared
+it makes its scheduler on job.optimizer itself, as the README says not to: a worker that joins at a grow starts
+that schedule from the beginning, and the runtime stops the job instead of letting the replicas diverge.
 
 Before the runtime carried the optimizer's settings, `join` took no scheduler and `job.optimizer` was a new
 object after every migration: the script then did what a script could, make its scheduler on the first
@@ -54,15 +56,16 @@ def main() -> None:
     p.add_argument("--optimizer", default="Adam", help="a torch.optim class name")
     p.add_argument("--clip", type=float, default=None, help="job.clip_grad_norm_ to this norm; rank 0 logs it")
     p.add_argument("--dump-dir", type=Path, default=None, help="rank 0 saves the whole state before and after steps")
+    p.add_argument("--undeclared", action="store_true", help="make the scheduler on job.optimizer, not in join")
     args = p.parse_args()
     cls = getattr(torch.optim, args.optimizer)
     kwargs = dict(model=model, tp_plan={"0": ColwiseParallel(), "2": RowwiseParallel()},
                   optimizer=lambda params: cls(params, lr=LR, **SETTINGS.get(args.optimizer, {})))
     declared = "scheduler" in inspect.signature(runtime.join).parameters
-    if declared:
+    if declared and not args.undeclared:
         kwargs["scheduler"] = schedule
     job = runtime.join(**kwargs)
-    sched = job.scheduler if declared else None
+    sched = schedule(job.optimizer) if args.undeclared else job.scheduler if declared else None
     while job.next_step(until=args.steps):
         with job.guard():
             if sched is None:  # the old API: the first optimizer this worker sees

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from db import Store
+from launcher.cli import main as elastic
 from tests.examples import schedule_script
-from tests.examples.harness import mixer_rows, run_local, shrink_and_grow
+from tests.examples.harness import mixer_rows, run_local, shrink, shrink_and_grow
 
 SCRIPT = "../tests/examples/schedule_script.py"  # run_local runs examples/<script>
 STEPS = 60
@@ -66,3 +68,45 @@ def test_a_restore_from_a_safety_checkpoint_goes_on_with_the_schedule(tmp_path: 
     lines = [line.split() for line in lr_log.read_text().splitlines()]
     assert [int(s) for s, _lr in lines] == list(range(1, 11)) + list(range(9, 17)), lines
     assert [float(lr) for _s, lr in lines] == [want[int(s) - 1] for s, _lr in lines]
+
+
+def test_a_scheduler_made_on_job_optimizer_stops_the_job_at_the_grow_instead_of_diverging(tmp_path: Path) -> None:
+    """The script makes its scheduler on job.optimizer instead of declaring it to join (--undeclared): the
+    workers that join at the grow start the schedule from the beginning while the others go on with it.
+    The step's vote compares every rank's optimizer settings, so the job stops with one line naming the
+    cause and the fix instead of training its replicas with different learning rates. The step sleep lasts
+    the whole run: were nothing found, the job would run to its end and finish (the test then fails)."""
+    pace = tmp_path / "pace"
+    pace.touch()
+
+    def drive(alive) -> None:
+        shrink(tmp_path, "apart", "pp1tp2dp1", alive)
+        assert elastic(["resize", "apart", "--nodes", "2", "--db", f"sqlite:///{tmp_path}/e.db"]) == 0
+
+    out = run_local(tmp_path, ["--gpus-per-node", "2", "--layouts", "tp2dp2,tp2dp1", "--job-name", "apart"],
+                    [SCRIPT, "--steps", "400", "--log", str(tmp_path / "steps.log"), "--lr-log",
+                     str(tmp_path / "lr.log"), "--step-sleep", "0.2", "--sleep-while", str(pace), "--undeclared"],
+                    drive, check=False)
+    said = "workers disagree on the learning rate at step"
+    fix = "after the grow pp1tp2dp1 -> pp1tp2dp2: declare the scheduler to join(scheduler=...)"
+    line = next((x for x in out.splitlines() if said in x and "stopping the job" in x), None)
+    assert line is not None and fix in line, out[-4000:]
+    store = Store(f"sqlite:///{tmp_path}/e.db")
+    job = store.find_job("apart")
+    assert job.state == "failed" and said in store.why_failed(job.id), job
+    assert max(r[0] for r in mixer_rows(tmp_path / "steps.log")) < 400
+
+
+def test_without_log_files_the_terminal_gets_one_launcher_line_per_migration(tmp_path: Path) -> None:
+    """No --log-dir: the workers' output is elastic-launch's, the user's terminal. The runtime's own lines
+    (every worker's "event 1: sent ... MB ... windows") go to <checkpoint dir>.logs/runtime-dev<D>.log instead,
+    and the terminal says the migration once, in the launcher's words; the script's own output stays there."""
+    out = run_local(tmp_path, ["--gpus-per-node", "2", "--layouts", "tp2dp2,tp2dp1", "--job-name", "quiet"],
+                    [SCRIPT, "--steps", "12", "--log", str(tmp_path / "steps.log"), "--lr-log", str(tmp_path / "lr.log"),
+                     "--step-sleep", "0.2"], lambda alive: shrink(tmp_path, "quiet", "pp1tp2dp1", alive), logs=False)
+    assert "[runtime dev" not in out and "event 1: sent" not in out, out[-4000:]
+    assert len([x for x in out.splitlines() if "(live, at step" in x]) == 1, out[-4000:]
+    folder = tmp_path / "checkpoints" / "quiet.logs"
+    assert folder.name in out  # the launcher says where they went
+    said = {p.name: p.read_text() for p in folder.glob("runtime-dev*.log")}
+    assert sorted(said) == [f"runtime-dev{d}.log" for d in range(4)] and "event 1: sent" in said["runtime-dev0.log"]

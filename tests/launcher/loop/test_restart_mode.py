@@ -197,3 +197,37 @@ def test_a_script_that_crashes_on_every_start_gets_every_restart(tmp_path: Path)
     assert (job.state, store.why_failed(job.id)) == ("failed", "workers [0] failed and --max-restarts 2 is used up")
     restarts = store.history(job="crash")
     assert [(m["kind"], m["status"]) for m in restarts] == [("restart", "failed")] * 2
+
+
+def test_a_resize_that_comes_as_the_workers_finish_is_answered_the_job_finished(tmp_path: Path) -> None:
+    """Rank 0 has completed the script (exit 0) and rank 1 is finishing (it waits for a gate the test opens
+    once the request is answered: the race is forced, no timing): the shrink is declined with "the job
+    finished", not carried out as a restart of a world whose script is done."""
+    from launcher.backends.local import LocalNodes
+    from launcher.cli import main as elastic
+    from launcher.launch import Launcher, Options
+
+    url = f"sqlite:///{tmp_path}/e.db"
+    prog = ("import os, pathlib, sys, time\n"
+            "if os.environ['RANK'] == '0': sys.exit(0)\n"
+            "while not pathlib.Path(sys.argv[1], 'go').exists(): time.sleep(0.05)\n")
+    opts = Options(1, 2, 2, [], ["python", "-c", prog, str(tmp_path)], job_name="late", poll=0.05, mode="restart")
+    la = Launcher(opts, LocalNodes(2, 2, log_dir=tmp_path / "logs"), Store(url))
+    asked: list[bool] = []
+
+    def until(la: Launcher) -> bool:
+        if not asked and la.workers.exited().get(0) == 0:
+            asked.append(True)
+            assert elastic(["resize", "late", "--nodes", "1", "--db", url]) == 0
+        elif asked and not la.db.pending_requests(la.job_id):
+            (tmp_path / "go").touch()
+        return False
+
+    assert la.run(until=until) == 0 and asked
+    store = Store(url)
+    job = store.find_job("late")
+    (req,) = store.list_requests(job.id)
+    assert (job.state, req.status) == ("finished", "failed") and "the job finished" in req.message, req
+    (mig,) = store.recent_migrations(job.id, limit=5)
+    assert (mig.kind, mig.status) == ("restart", "declined") and "the job finished" in mig.error
+    assert la.restarts.count == 0  # no new world was started

@@ -47,6 +47,20 @@ def test_a_failing_rank_is_named_with_its_node_exception_and_traceback(tmp_path:
     assert restart["trigger"] == "failure" and cause in restart["notes"]
 
 
+def test_a_failure_without_record_is_named_from_the_workers_output(tmp_path: Path) -> None:
+    """No @record, so no error file: the traceback Python printed to the failed worker's log (--log-dir) is
+    in the launcher's own output and in why the job failed, as torchrun shows its workers' stderr."""
+    r = launch(tmp_path, "--nnodes", "1", "--gpus-per-node", "2", "--max-restarts", "0", "--job-name", "bare",
+               "--", "python", SCRIPT, "fail-bare")
+    assert r.returncode == 1
+    cause = "first failure: rank 1 on node0: ValueError: rank 1 is broken on purpose"
+    assert cause in r.stderr, r.stderr[-3000:]
+    tb = r.stderr[r.stderr.index(cause):]
+    assert "Traceback (most recent call last)" in tb and 'raise ValueError("rank 1 is broken on purpose")' in tb
+    store = Store(f"sqlite:///{tmp_path}/e.db")
+    assert cause in store.why_failed(store.find_job("bare").id)
+
+
 def test_the_first_failure_is_the_earliest_one_written(tmp_path: Path) -> None:
     """Two ranks failed: the one whose @record wrote first is the root cause, as torchrun's summary says."""
     for rank, ts, text in ((2, 20, "RuntimeError: peer closed"), (3, 10, "KeyError: 'x'")):

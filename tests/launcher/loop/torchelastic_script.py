@@ -1,7 +1,8 @@
 """A program written for torchrun, run by tests/launcher/loop/test_torchrun_contract.py under elastic-launch's
 restart mode: `check OUT` checks the variables torchrun's agent sets, forms the world through env:// and
 all-reduces; `fail` makes rank 1 raise inside torch.distributed.elastic's @record, which writes its
-traceback to TORCHELASTIC_ERROR_FILE, as a torchrun user's entry point does."""
+traceback to TORCHELASTIC_ERROR_FILE, as a torchrun user's entry point does; `fail-bare` raises the same
+way without @record (PyTorch's own launcher test script), so its traceback is only in the worker's output."""
 import json
 import os
 import sys
@@ -31,8 +32,7 @@ def check(out: str) -> None:
     dist.destroy_process_group()
 
 
-@record
-def main() -> None:
+def run() -> None:
     if sys.argv[1] == "check":
         check(sys.argv[2])
     elif os.environ["RANK"] == "1":
@@ -42,4 +42,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record(run)() if sys.argv[1] != "fail-bare" else run()

@@ -35,7 +35,7 @@ class _KillAt:
         vote_mod.tell_messages(flag, rank, n)
 
 
-def _rank(rank: int, n: int, port: int, kill, out) -> None:
+def _rank(rank: int, n: int, port: int, kill, out, apart: int | None = None) -> None:
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -49,21 +49,24 @@ def _rank(rank: int, n: int, port: int, kill, out) -> None:
     voter, got = StepVote(ctl, links), []
     for step in range(STEPS):
         links.step = step
-        verdict = voter.vote("w0", step, rank, n, epoch=0)
-        got.append((verdict.committed, verdict.event))
+        agree = (step, 7, 2 ** 61 + (rank == apart and step == 4))  # rank `apart` differs in its last value at 4
+        verdict = voter.vote("w0", step, rank, n, epoch=0, agree=agree)
+        got.append((verdict.committed, verdict.event) + ((verdict.disagree,) if verdict.disagree else ()))
+        if verdict.disagree:
+            break
         if verdict.failure is not None or not verdict.committed:
             cut_collective_sockets(port)  # as a worker does (launcher.runtime.job._abandon)
             break
     out.put((rank, got))
 
 
-def _run(n: int, kill=None, event: bool = False) -> dict[int, list]:
+def _run(n: int, kill=None, event: bool = False, apart: int | None = None) -> dict[int, list]:
     server = Control("127.0.0.1", 0, server=True)
     if event:
         server.post({"epoch": 0, "kind": "stop"})
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, n, server.port, kill, out)) for r in range(n)]
+    procs = [ctx.Process(target=_rank, args=(r, n, server.port, kill, out, apart)) for r in range(n)]
     for p in procs:
         p.start()
     for p in procs:
@@ -102,3 +105,13 @@ def test_survivors_of_a_rank_killed_in_the_vote_hold_the_same_step(kill, committ
     if committed is not None:
         assert set(held.values()) == {committed}
     assert all(steps[:3] == [(True, False)] * 3 for steps in got.values())
+
+
+@pytest.mark.parametrize("apart", [4])
+def test_a_value_one_rank_holds_differently_stops_every_rank_at_that_vote(apart):
+    """The values every rank must hold alike (the step, the optimizer's settings) ride on the ready messages:
+    one rank's differs at vote 4, and every rank, the one at the far end of the dissemination included,
+    learns it at that vote, and nobody applies the update."""
+    n = 5
+    got = _run(n, apart=apart)
+    assert got == {r: [(True, False)] * 4 + [(False, False, (2,))] for r in range(n)}, got
