@@ -78,6 +78,13 @@ def test_a_finished_job_offers_no_actions_and_refuses_them(admin: Any, store: St
     assert store.pending_requests(1) == []
 
 
+def test_a_suspended_job_offers_resume_only(admin: Any, store: Store) -> None:
+    store.set_job_state(1, "suspended")
+    html = admin.get("/jobs/1").text
+    assert "Resume</button>" in html
+    assert not any(f"{a.capitalize()}</button>" in html for a in ("preempt", "shrink", "grow", "suspend"))
+
+
 def test_the_jobs_list_shows_every_state_by_default(viewer: Any, store: Store) -> None:
     store.set_job_state(2, "finished")
     html = viewer.get("/").text

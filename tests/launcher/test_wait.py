@@ -76,6 +76,20 @@ def test_a_job_that_ends_before_its_launcher_takes_the_request_is_reported_not_w
                                                f"request {rid}; it stays queued")
 
 
+def test_a_resume_is_answered_by_the_next_launcher_of_the_job(job):
+    """A resume request is not taken: the next elastic-launch of the suspended job answers it once its workers
+    loaded the checkpoint; the wait says when the job runs again."""
+    store, jid = job
+    store.set_job_state(jid, "suspended")
+    rid, _ = store.queue_request(jid, "resume", {}, "me")
+    steps = [lambda: store.set_job_state(jid, "running"), lambda: store.heartbeat(jid),
+             lambda: store.complete_request(rid, "done", "resumed from /ckpt at step 40 on pp1tp1dp2 (2 devices)")]
+    out = io.StringIO()
+    assert follow(store, rid, out=out, sleep=lambda _s: steps.pop(0)()) == EXIT["done"]
+    assert out.getvalue().splitlines() == ["job t is running",
+                                           f"request {rid} done: resumed from /ckpt at step 40 on pp1tp1dp2 (2 devices)"]
+
+
 def test_the_cli_keeps_the_id_on_stdout_and_gives_up_at_the_timeout(job, capsys):
     store, jid = job
     rc = elastic(["resize", str(jid), "--nodes", "1", "--db", store.url, "--wait-timeout", "0"])
