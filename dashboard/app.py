@@ -9,6 +9,7 @@ from flask import Flask
 
 from dashboard import actions, audit, auth, cluster_views, events, security, views
 from dashboard.config import ConfigError, check_secret
+from service import api
 
 # templates/ sits next to dashboard/ in a checkout; an installed wheel ships it as dashboard/templates
 # (pyproject.toml, [tool.setuptools.package-dir])
@@ -26,7 +27,8 @@ def create_app(config: dict[str, Any]) -> Flask:
     since admin actions and logins depend on signed sessions), POLL_SECONDS (default 2),
     THREADS (server threads; the connection pool is sized to match, default 8),
     SECURE_COOKIES (send the session cookie over HTTPS only), SESSION_LIFETIME_S (default 8 h),
-    TESTING. Raises ConfigError or db.DatabaseError with a clear message.
+    TESTING; the service's API (service.api): OPERATORS_GROUP (Unix group whose members act on every job),
+    PRIVATE_JOBS (users see only their own jobs), MUNGE_SOCKET, SLURM_JOB_UID (Slurm job id -> its uid). Raises ConfigError or db.DatabaseError with a clear message.
     """
     from db import Store
 
@@ -51,4 +53,5 @@ def create_app(config: dict[str, Any]) -> Flask:
     cluster_views.init_app(app)
     audit.init_app(app)
     events.init_app(app)
+    api.init_app(app)
     return app

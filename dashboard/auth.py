@@ -61,6 +61,9 @@ def _session_user() -> Any:
 
 
 def _load_user() -> Response | None:
+    if request.blueprint == "api":  # the service's API proves its callers by munge (service.api), not cookies
+        g.user = None
+        return None
     g.user = _session_user()
     if request.method == "POST":
         _check_csrf()

@@ -8,7 +8,8 @@ from typing import Any
 MIN_SECRET_LEN = 16
 #: TOML key -> create_app config key
 FILE_KEYS = {"secret_key": "SECRET_KEY", "db": "DB_URL", "host": "HOST", "port": "PORT", "threads": "THREADS",
-             "secure_cookies": "SECURE_COOKIES", "session_lifetime": "SESSION_LIFETIME_S"}
+             "secure_cookies": "SECURE_COOKIES", "session_lifetime": "SESSION_LIFETIME_S",
+             "operators_group": "OPERATORS_GROUP", "private_jobs": "PRIVATE_JOBS", "munge_socket": "MUNGE_SOCKET"}
 #: integer keys and their allowed ranges
 INT_RANGES = {"port": (1, 65535), "threads": (1, 256), "session_lifetime": (60, 90 * 86400)}
 
@@ -53,9 +54,9 @@ def _checked(path: str, key: str, value: Any) -> Any:
         lo, hi = INT_RANGES[key]
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             raise ConfigError(f"config file {path}: {key} must be a whole number in {lo}..{hi}, not {value!r}")
-    elif key == "secure_cookies":
+    elif key in ("secure_cookies", "private_jobs"):
         if not isinstance(value, bool):
-            raise ConfigError(f"config file {path}: secure_cookies must be true or false, not {value!r}")
+            raise ConfigError(f"config file {path}: {key} must be true or false, not {value!r}")
     elif not isinstance(value, str):
         raise ConfigError(f"config file {path}: {key} must be a string, not {value!r}")
     return value

@@ -47,6 +47,8 @@ class JobRow(Base):
     heartbeat_at: Mapped[Optional[datetime]]  # v10: the launcher's last sign of life (db.liveness)
     policy: Mapped[str] = mapped_column(String(16), default="manual", server_default="manual")  # v11: POLICIES
     policy_watch: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)  # v11: the policy's last look
+    owner: Mapped[Optional[str]] = mapped_column(String(64))  # v12: the Unix user whose launcher created it
+    owner_uid: Mapped[Optional[int]]  # v12: that user's uid (munge's proof, when written through the service)
 
 
 class NodeRow(Base):

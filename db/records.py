@@ -33,6 +33,8 @@ class Job:
     heartbeat_at: datetime | None = None  # the launcher's last heartbeat (None: before v10, or none yet)
     policy: str = "manual"  # who resizes it: people only, or the launcher too (--policy opportunistic)
     policy_watch: dict[str, Any] | None = None  # the policy's last look at the cluster (launcher.loop.autoscale)
+    owner: str | None = None  # the Unix user whose launcher created it (None: recorded before v12)
+    owner_uid: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -16,5 +16,5 @@ def job_record(row: JobRow) -> Job:
         mode=row.mode or "live",
         last_step=row.last_step, max_nodes=row.max_nodes,
         heartbeat_at=from_db(row.heartbeat_at) if row.heartbeat_at is not None else None,
-        policy=row.policy or "manual", policy_watch=row.policy_watch,
+        policy=row.policy or "manual", policy_watch=row.policy_watch, owner=row.owner, owner_uid=row.owner_uid,
     )  # type: ignore[arg-type]

@@ -261,9 +261,17 @@ def _v10_to_v11(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE jobs ADD COLUMN policy_watch JSON"))
 
 
+def _v11_to_v12(conn: Connection) -> None:
+    """v12: who owns a job (the Unix user whose launcher created it, proven by munge when the launcher writes
+    through `elastic serve`), so that a user may act on their own jobs only and operators on all. Jobs recorded
+    before have no owner: only operators may act on them."""
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN owner VARCHAR(64)"))
+    conn.execute(text("ALTER TABLE jobs ADD COLUMN owner_uid INTEGER"))
+
+
 #: MIGRATIONS[i] upgrades a database from version i+1 to version i+2.
 MIGRATIONS: list[Step] = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6, _v6_to_v7, _v7_to_v8, _v8_to_v9,
-                         _v9_to_v10, _v10_to_v11]
+                         _v9_to_v10, _v10_to_v11, _v11_to_v12]
 CURRENT_VERSION = len(MIGRATIONS) + 1
 
 

@@ -140,13 +140,16 @@ class Store(RequestsMixin, AdminMixin, ClusterMixin, PolicyMixin, StoreBase):
         node_gpus: Mapping[str, int] | None = None,
         components: Mapping[str, int] | None = None,
         max_nodes: int | None = None,
+        owner: str | None = None,
+        owner_uid: int | None = None,
     ) -> int:
         """Register a job (and its nodes; the pinned node is marked pinned); returns its id.
         min_nodes: the launcher's --nnodes MIN, below which no admin request may take the job;
         mode: live (the program uses the runtime API) or restart (torchrun's contract);
         node_gpus / components: each node's GPU count (uneven nodes; default gpus_per_node) and
         heterogeneous-job component (default 0); max_nodes: the launcher's --nnodes MAX (requests never
-        go above it; None: max_devices over gpus_per_node)."""
+        go above it; None: max_devices over gpus_per_node); owner / owner_uid: the Unix user it belongs to (the
+        service sets them from the caller's munge credential, never from an argument)."""
         check("job state", state, JOB_STATES)
         check("job mode", mode, JOB_MODES)
         check("SLA tier", sla_tier, SLA_TIERS)
@@ -160,7 +163,7 @@ class Store(RequestsMixin, AdminMixin, ClusterMixin, PolicyMixin, StoreBase):
             job = JobRow(name=name, slurm_job_id=slurm_job_id, state=state, layout=layout,
                          gpus_per_node=gpus_per_node, pinned_node=pinned_node, max_devices=max_devices,
                          sla_tier=sla_tier, created_at=now, updated_at=now, min_nodes=min_nodes,
-                         mode=mode, max_nodes=max_nodes)
+                         mode=mode, max_nodes=max_nodes, owner=owner, owner_uid=owner_uid)
             s.add(job)
             s.flush()
             names = list(dict.fromkeys([*nodes, *([pinned_node] if pinned_node else [])]))
@@ -191,17 +194,24 @@ class Store(RequestsMixin, AdminMixin, ClusterMixin, PolicyMixin, StoreBase):
             row = s.get(JobRow, job_id)
             return _job(row) if row else None
 
-    def find_job(self, ref: int | str) -> Job | None:
-        """A job by id (int or digits) or by name (the newest job of that name)."""
+    def find_job(self, ref: int | str, owner: str | None = None) -> Job | None:
+        """A job by id (int or digits) or by name (the newest job of that name; of `owner`'s jobs when given,
+        since two users may both name a job `train`)."""
         if isinstance(ref, int) or (isinstance(ref, str) and ref.isascii() and ref.isdigit()):
             return self.get_job(int(ref))
         with self._tx() as s:
-            row = s.scalars(select(JobRow).where(JobRow.name == ref).order_by(JobRow.id.desc())).first()
+            q = select(JobRow).where(JobRow.name == ref)
+            if owner is not None:
+                q = q.where(JobRow.owner == owner)
+            row = s.scalars(q.order_by(JobRow.id.desc())).first()
             return _job(row) if row else None
 
-    def list_jobs(self, state: str | None = None) -> list[Job]:
+    def list_jobs(self, state: str | None = None, owner: str | None = None) -> list[Job]:
+        """Every job (of `owner` only, when given), by id."""
         with self._tx() as s:
             q = select(JobRow).order_by(JobRow.id)
+            if owner is not None:
+                q = q.where(JobRow.owner == owner)
             if state is not None:
                 q = q.where(JobRow.state == check("job state", state, JOB_STATES))
             return [_job(r) for r in s.scalars(q)]
@@ -547,9 +557,11 @@ class Store(RequestsMixin, AdminMixin, ClusterMixin, PolicyMixin, StoreBase):
 
     def _history_query(
         self, job: int | str | None, since: datetime | None, until: datetime | None,
-        trigger: str | None, status: str | None,
+        trigger: str | None, status: str | None, owner: str | None = None,
     ) -> Select[Any]:
         q = select(MigrationRow, JobRow.name).join(JobRow, JobRow.id == MigrationRow.job_id)
+        if owner is not None:  # a user who may see only their own jobs (the service's private_jobs)
+            q = q.where(JobRow.owner == owner)
         if job is not None:
             if isinstance(job, bool) or not isinstance(job, (int, str)):
                 raise ValueError("job filter must be an id or a name")
@@ -575,11 +587,13 @@ class Store(RequestsMixin, AdminMixin, ClusterMixin, PolicyMixin, StoreBase):
         status: str | None = None,
         limit: int = 50,
         offset: int = 0,
+        owner: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Migrations matching the filters, newest first, as flat dicts (HISTORY_COLUMNS)."""
+        """Migrations matching the filters (of `owner`'s jobs only, when given), newest first, as flat dicts
+        (HISTORY_COLUMNS)."""
         if limit < 0 or offset < 0:
             raise ValueError("limit and offset must not be negative")
-        q = self._history_query(job, since, until, trigger, status)
+        q = self._history_query(job, since, until, trigger, status, owner)
         q = q.order_by(MigrationRow.started_at.desc(), MigrationRow.id.desc()).limit(limit).offset(offset)
         with self._tx() as s:
             rows = s.execute(q.options(selectinload(MigrationRow.phases))).all()
@@ -592,9 +606,10 @@ class Store(RequestsMixin, AdminMixin, ClusterMixin, PolicyMixin, StoreBase):
         until: datetime | None = None,
         trigger: str | None = None,
         status: str | None = None,
+        owner: str | None = None,
     ) -> int:
         """How many migrations history() would return without limit/offset (for paging)."""
-        q = self._history_query(job, since, until, trigger, status)
+        q = self._history_query(job, since, until, trigger, status, owner)
         with self._tx() as s:
             return int(s.scalar(select(func.count()).select_from(q.subquery())) or 0)
 
@@ -617,12 +632,13 @@ class Store(RequestsMixin, AdminMixin, ClusterMixin, PolicyMixin, StoreBase):
             return self._overview_rows(s, list(s.scalars(select(JobRow).order_by(JobRow.id))), self.now())
 
     def jobs_page(self, states: Sequence[str] | None = None, name: str | None = None, limit: int = 50,
-                  offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+                  offset: int = 0, owner: str | None = None) -> tuple[list[dict[str, Any]], int]:
         """One page of the overview and the number of matching jobs, in four queries whatever the page
         size: running jobs first (then suspended, stopped, finished, failed), newest first within a state.
 
         states: only these (None = all); name: jobs whose name contains this text, ignoring case on every
-        backend (SQLite's LIKE always ignored it; PostgreSQL's does not, hence ILIKE there)."""
+        backend (SQLite's LIKE always ignored it; PostgreSQL's does not, hence ILIKE there); owner: that
+        user's jobs only (a user who may not see others' jobs)."""
         for state in states or ():
             check("job state", state, JOB_STATES)
         q = select(JobRow)
@@ -630,6 +646,8 @@ class Store(RequestsMixin, AdminMixin, ClusterMixin, PolicyMixin, StoreBase):
             q = q.where(JobRow.state.in_(list(states)))
         if name:
             q = q.where(JobRow.name.icontains(name, autoescape=True))
+        if owner is not None:
+            q = q.where(JobRow.owner == owner)
         rank = case({st: i for i, st in enumerate(JOB_STATES)}, value=JobRow.state, else_=len(JOB_STATES))
         with self._tx() as s:
             total = int(s.scalar(select(func.count()).select_from(q.subquery())) or 0)

@@ -25,12 +25,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "suspend": ("suspend", "ask a running job to checkpoint once and give every device back"),
     "resume": ("resume", "ask for a suspended job to go on from its checkpoint (next elastic-launch)"),
     "testbed": ("testbed", "bring a real 4-node Slurm cluster (22.05, 24.11 or 26.05) up or down on loopback"),
-    "dashboard": ("dashboard", "serve the web dashboard"),
+    "serve": ("dashboard", "serve the cluster's shared service: the API the CLI and launchers call (identity by "
+                           "munge) and the web dashboard, in one process that alone holds the database"),
+    "dashboard": ("dashboard", "serve the web dashboard (the same server as `elastic serve`)"),
     "db": ("db_admin", "upgrade the database schema explicitly (`elastic db upgrade`) or show its version"),
 }
 
 
 from launcher.errors import UsageError
+from service.errors import ServiceError
 
 __all__ = ["UsageError", "main"]
 
@@ -71,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"elastic {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ServiceError as exc:  # the shared service refused (not your job) or could not be reached
+        print(f"elastic {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # The reader went away (`elastic history --csv | head -1`): stop quietly, like other Unix tools.
         # Point stdout at /dev/null so the interpreter's final flush cannot raise a second time.

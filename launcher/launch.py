@@ -33,6 +33,7 @@ from launcher.loop.launcher import Launcher, grow_choice
 from launcher.options import Options, build_parser, options_from_args, parse_layouts, parse_nnodes
 from launcher.loop.start_request import StartRequest
 from launcher.loop.outcome import MigrationFailed, Outcome
+from service.errors import ServiceError
 
 __all__ = ["Launcher", "MigrationFailed", "Options", "Outcome", "build_parser", "dry_run", "grow_choice", "main",
            "options_from_args", "parse_layouts", "parse_nnodes"]
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         store = open_store(args.db, create=True)
         check_resumable(opts, store, slurm_job_id, backend)
-    except UsageError as exc:
+    except (UsageError, ServiceError) as exc:
         print(f"elastic-launch: error: {exc}", file=sys.stderr)
         return 2
     except NothingToDo as exc:
@@ -155,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except MigrationFailed as exc:
         print(f"elastic-launch: cannot start the job: {exc}", file=sys.stderr)
+        return 1
+    except ServiceError as exc:  # the shared service refused a write (not this user's job) or went away
+        print(f"elastic-launch: {exc}", file=sys.stderr)
         return 1
     finally:
         store.close()

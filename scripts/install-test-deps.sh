@@ -10,3 +10,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/install-slurm-root.sh" 26.05
 "$ROOT/scripts/install-browser.sh"
 "$ROOT/scripts/install-postgres.sh"
+"$ROOT/scripts/install-docs-deps.sh"
+"$ROOT/scripts/install-test-users.sh"

@@ -1,4 +1,7 @@
-"""`elastic dashboard`: serve the web dashboard, or manage its users.
+"""`elastic serve` (or `elastic dashboard`): serve the shared service and its web dashboard, or manage its users.
+
+One process holds the database; users, sbatch scripts and launchers get its address (`--db http://host:8050`)
+and prove who they are with munge (service.api), never with database credentials.
 
 The secret key comes from $ELASTIC_SECRET_KEY or `secret_key` in a TOML --config FILE,
 never from code or flags (flags end up in shell history and `ps`).
@@ -19,7 +22,15 @@ users:
   elastic dashboard --db URL --list-users
   Roles: admin (may preempt/shrink/grow/suspend/resume) and viewer (read-only).
 
-config FILE (TOML; keys: secret_key, db, host, port, threads, secure_cookies, session_lifetime):
+the shared service (several users on one cluster):
+  elastic serve --db postgresql://elastic@dbhost/elastic --host 0.0.0.0 --operators-group hpc-ops
+  then every user and sbatch script: export ELASTIC_DB_URL=http://SERVICE-HOST:8050
+  Each call carries the caller's munge credential (munged runs on every Slurm node): a user may see and
+  resize/suspend/resume their own jobs; members of --operators-group (and root) act on every job and preempt;
+  --private-jobs hides other users' jobs (like Slurm's PrivateData=jobs). Only this process opens the database.
+
+config FILE (TOML; keys: secret_key, db, host, port, threads, secure_cookies, session_lifetime,
+             operators_group, private_jobs, munge_socket):
   secret_key = "..."   # or set ELASTIC_SECRET_KEY, which wins over the file
   secure_cookies = true   # behind HTTPS: the session cookie is never sent in clear
   session_lifetime = 28800   # seconds a login lasts (default 8 h)
@@ -70,6 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mark the session cookie Secure (serve behind HTTPS)")
     parser.add_argument("--session-lifetime", type=bounded_int(60, 90 * 86400), default=None, metavar="SECONDS",
                         help="how long a login lasts (default 28800 = 8 h)")
+    shared = parser.add_argument_group("the shared service's API (who may do what)")
+    shared.add_argument("--operators-group", metavar="GROUP", default=None,
+                        help="Unix group whose members may act on every job and preempt (root always may)")
+    shared.add_argument("--private-jobs", action="store_true", default=None,
+                        help="users see only their own jobs (like Slurm's PrivateData=jobs)")
+    shared.add_argument("--munge-socket", metavar="PATH", default=None,
+                        help="munged's socket to verify credentials with (default munge's own)")
     users = parser.add_argument_group("user management (does not start the server)")
     users.add_argument("--add-user", metavar="NAME", help="create a user, or reset its password with --replace")
     users.add_argument("--role", choices=("admin", "viewer"), default="viewer", help="role for --add-user")
@@ -117,6 +135,21 @@ def _manage_users(args: argparse.Namespace, url: str) -> int:
         store.close()
 
 
+def slurm_job_uid(slurm_job_id: str) -> int | None:
+    """The uid Slurm runs job `slurm_job_id` as, which a launcher's credential must match when it registers the
+    job (service.api); None where no Slurm answers here (the service then trusts the credential alone)."""
+    import shutil
+
+    from launcher.backends.slurm.client import SlurmCommands, SlurmError
+
+    if shutil.which("scontrol") is None or not slurm_job_id.isdigit():
+        return None
+    try:
+        return SlurmCommands().job_info(int(slurm_job_id)).user_id
+    except (SlurmError, ValueError):
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     from dashboard.config import ConfigError, load_config
     from db import DatabaseError
@@ -134,9 +167,11 @@ def run(args: argparse.Namespace) -> int:
 
     config["DB_URL"] = url
     for key, value in (("THREADS", args.threads), ("SECURE_COOKIES", args.secure_cookies),
-                       ("SESSION_LIFETIME_S", args.session_lifetime)):
+                       ("SESSION_LIFETIME_S", args.session_lifetime), ("OPERATORS_GROUP", args.operators_group),
+                       ("PRIVATE_JOBS", args.private_jobs), ("MUNGE_SOCKET", args.munge_socket)):
         if value is not None:
             config[key] = value
+    config["SLURM_JOB_UID"] = slurm_job_uid
     try:
         app = create_app(config)
     except (ConfigError, DatabaseError) as exc:
@@ -144,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
     host = args.host or config.get("HOST") or "127.0.0.1"
     port = args.port or int(config.get("PORT") or 8050)
     threads = int(config.get("THREADS") or 8)
-    print(f"elastic dashboard on http://{host}:{port}/ (database {url}, {args.server} server, "
-          f"{threads} threads)", file=sys.stderr)
+    print(f"elastic {args.command} on http://{host}:{port}/ (database {url}, {args.server} server, "
+          f"{threads} threads; API at /api/v1 for `--db http://{host}:{port}`)", file=sys.stderr)
     if not app.extensions["elastic_store"].list_users():  # the login page says it too
         where = f" --db {url}" if args.db else f" --config {args.config}" if args.config else ""
         print(f"no dashboard user yet: create one with `elastic dashboard{where} --add-user NAME --role admin` "

@@ -18,7 +18,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--nodes", metavar="LIST", help="comma-separated nodes to take away, e.g. n3,n4")
     which.add_argument("--count", type=int, metavar="N", help="take away any N nodes")
     add_db_argument(parser)
-    parser.add_argument("--user", help="who asks (default $USER)")
     add_wait_arguments(parser)
 
 

@@ -6,13 +6,12 @@ audit row) that the running launcher takes one at a time with Store.take_request
 from __future__ import annotations
 
 import argparse
-import getpass
-import os
 import sys
 from typing import TYPE_CHECKING
 
 from launcher.commands.follow import add_wait_arguments, follow, wants_wait
 from launcher.commands.history import add_db_argument, open_store
+from service.identity import local_user
 
 if TYPE_CHECKING:
     from db.records import Job
@@ -23,18 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id or name")
     parser.add_argument("--nodes", required=True, type=int, metavar="N", help="target number of nodes")
     add_db_argument(parser)
-    parser.add_argument("--user", help="who asks (recorded in the request and audit log; default $USER)")
     add_wait_arguments(parser)
 
 
-def requester(user: str | None) -> str:
-    """Who to record as asking: --user, else the login name."""
-    if user:
-        return user
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return os.environ.get("USER", "cli")
+def requester() -> str:
+    """Who asks: this process's Unix user (what its uid names, never what a flag or $USER says). Through the
+    shared service the request and audit rows name the user its munge credential proves instead."""
+    return local_user()[0]
 
 
 def lookup_job(store: "Store", ref: str) -> "Job":
@@ -59,10 +53,10 @@ def request(args: argparse.Namespace, action: str, raw: dict[str, object]) -> in
         if action == "resize":
             action = "grow" if int(raw["nodes"]) > len(held_nodes(store, job.id)) else "shrink"  # type: ignore[call-overload]
         try:  # checked and queued in one transaction (concurrent CLIs and dashboards queue once)
-            rid, params = store.queue_request(job.id, action, raw, requester(args.user))
+            rid, params = store.queue_request(job.id, action, raw, requester())
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        rc = queue(store, job, action, params, requester(args.user), rid)
+        rc = queue(store, job, action, params, requester(), rid)
         return follow(store, rid, args.wait_timeout) if wants_wait(args) else rc
     finally:
         store.close()

@@ -15,7 +15,6 @@ from launcher.commands.resize import request
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id or name")
     add_db_argument(parser)
-    parser.add_argument("--user", help="who asks (default $USER)")
     add_wait_arguments(parser)
 
 

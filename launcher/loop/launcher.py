@@ -29,6 +29,7 @@ from launcher.wire import control as C
 from launcher.wire.folders import latest_checkpoint
 from migrate.layout import LayoutError
 from migrate.topology import RankMap
+from service.identity import local_user
 
 
 def grow_choice(active: Sequence[str], alloc: Sequence[str], gone: set[str] | frozenset[str],
@@ -122,10 +123,14 @@ class Launcher:
             self.workers.start(n, self.request.env(first_event), self.request.command)
 
     def _create_job(self, layout: str, nodes: list[str], max_devices: int, **extra) -> None:
+        """The job's record, owned by this launcher's Unix user (the shared service takes the owner from the
+        launcher's munge credential instead)."""
+        owner, owner_uid = local_user()
         self.recorder.job_id = self.db.create_job(
             self.opts.job_name, layout, self.gpn, max_devices, slurm_job_id=self.slurm_job_id,
             pinned_node=self.backend.batch_node, nodes=nodes, min_nodes=self.opts.min_nodes,
-            max_nodes=self.opts.max_nodes, **self.holdings.node_shapes(nodes), **extra)
+            max_nodes=self.opts.max_nodes, owner=owner, owner_uid=owner_uid, **self.holdings.node_shapes(nodes),
+            **extra)
 
     def start_restart_mode(self, nodes: list[str], deciding: bool) -> None:
         """Restart mode (torchrun's contract): the job is registered at once, every worker started as one world."""

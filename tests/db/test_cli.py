@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -101,11 +102,12 @@ def test_history_unknown_db_exits_2_and_creates_nothing(tmp_path: Path, capsys: 
 
 @both_backends
 def test_resize_and_preempt_write_requests(url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["resize", "llama", "--nodes", "2", "--db", url, "--user", "ops"]) == 0
+    assert main(["resize", "llama", "--nodes", "2", "--db", url]) == 0
     rid = int(capsys.readouterr().out.strip())
     store = Store(url)
     req = store.get_request(rid)
-    assert req is not None and (req.action, req.params, req.requested_by) == ("grow", {"nodes": 2}, "ops")
+    me = pwd.getpwuid(os.getuid()).pw_name  # the process's own user: a flag or $USER cannot name another
+    assert req is not None and (req.action, req.params, req.requested_by) == ("grow", {"nodes": 2}, me)
     spread_llama(store)  # two nodes, so one can be preempted
     assert main(["preempt", "1", "--nodes", "n1", "--db", url]) == 0
     rid2 = int(capsys.readouterr().out.strip())

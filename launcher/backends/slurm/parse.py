@@ -35,6 +35,7 @@ class JobInfo:
     comment: str = field(default="", compare=False)  # where elastic jobs mark themselves (launcher.policy.peers)
     priority: int = field(default=0, compare=False)
     submit_time: int = field(default=0, compare=False)
+    user_id: int | None = field(default=None, compare=False)  # the owner's uid (`UserId=alice(1001)`)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,14 @@ def parse_scontrol_show_job(text: str) -> JobInfo:
         name=fields.get("JobName", ""),
         reason=fields.get("Reason", ""),
         partition=fields.get("Partition", ""),
+        user_id=_uid(fields.get("UserId", "")),
     )
+
+
+def _uid(user_id: str) -> int | None:
+    """1001 of scontrol's `alice(1001)`; None when it is not there."""
+    found = re.search(r"\((\d+)\)$", user_id)
+    return int(found.group(1)) if found else None
 
 
 def parse_key_values(text: str) -> dict[str, str]:

@@ -1,0 +1,82 @@
+"""ServiceStore: the store's methods, called on `elastic serve` over HTTP with this process's munge credential.
+
+Why a stand-in for db.Store: the CLI and the launcher use the store the same way whether the history is a
+local SQLite file (one user, one host) or the cluster's shared service; only `open_store` tells them apart by
+the URL (http:// or https://). Users and sbatch scripts hold the service's address, never database credentials."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from db.errors import NotFoundError
+from service import munge
+from service.codec import decode, encode
+from service.errors import AccessDenied, NotAuthenticated, ServiceError
+
+TIMEOUT_S = 60.0
+
+
+def is_service_url(url: str | None) -> bool:
+    return bool(url) and url.split("://", 1)[0] in ("http", "https")
+
+
+class ServiceStore:
+    """Calls the service's /api/v1/<method>; answers and errors as db.Store gives them (NotFoundError,
+    ValueError), plus AccessDenied and NotAuthenticated from the service's checks."""
+
+    def __init__(self, url: str, *, timeout: float = TIMEOUT_S, socket: str | None = None) -> None:
+        self.url = self.display_url = url.rstrip("/")
+        self.timeout, self.socket = timeout, socket
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        body = json.dumps({"args": encode(list(args)), "kwargs": encode(kwargs)}).encode()
+        credential = munge.mint(munge.request_payload(method, body), socket=self.socket)
+        req = urllib.request.Request(f"{self.url}/api/v1/{method}", data=body, method="POST", headers={
+            "Content-Type": "application/json", "Authorization": f"MUNGE {credential}"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return decode(json.load(resp)["result"])
+        except urllib.error.HTTPError as exc:
+            raise self._refusal(method, exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ServiceError(f"cannot reach the elastic service at {self.url}: {reason} (is `elastic serve` "
+                               "running there? check the URL in --db / $ELASTIC_DB_URL)") from None
+
+    def _refusal(self, method: str, exc: urllib.error.HTTPError) -> Exception:
+        try:
+            answer = json.loads(exc.read() or b"{}")
+        except ValueError:
+            answer = {}
+        message = answer.get("error") or f"HTTP {exc.code} from {self.url}"
+        if exc.code == 401:
+            return NotAuthenticated(f"the elastic service did not accept who you are: {message}")
+        if exc.code == 403:
+            return AccessDenied(f"refused by the elastic service: {message}")
+        if exc.code == 404 and answer.get("kind") == "not_found":
+            return NotFoundError(message)
+        if exc.code == 400:
+            return ValueError(message.split(": ", 1)[-1] if message.startswith("ValueError") else message)
+        return ServiceError(f"the elastic service failed on {method}: {message}")
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return lambda *args, **kwargs: self.call(method, *args, **kwargs)
+
+    def take_requests(self, job_id: int, taker: str | None = None) -> Iterator[Any]:
+        """As db.Store's: one request at a time, so a loop stopped early leaves the rest untaken."""
+        while (req := self.call("take_request", job_id, taker)) is not None:
+            yield req
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "ServiceStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
