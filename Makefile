@@ -1,5 +1,5 @@
 # The two things a user does first. Both install what they need.
-.PHONY: demo test bench
+.PHONY: demo test bench docs
 
 demo:
 	scripts/bootstrap.sh
@@ -14,3 +14,8 @@ test:
 bench:
 	scripts/bootstrap.sh
 	.venv/bin/elastic bench
+
+# The user's guide (docs/, mkdocs.yml) into site/; --strict: a broken link or reference fails the build
+docs:
+	scripts/install-docs-deps.sh
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
