@@ -13,18 +13,28 @@ from typing import Any
 
 from flask import Blueprint, Flask, abort, flash, g, make_response, redirect, render_template, request, url_for
 
-from dashboard.auth import admin_required, audit
+from dashboard.auth import audit
 from dashboard.deps import is_htmx, store
 from db.errors import NotFoundError
 from db.requests import check_policy_switch
 from db.vocab import REQUEST_ACTIONS
+from service.authz import may_act
+from service.identity import Caller
 
 bp = Blueprint("actions", __name__)
 REFRESH_EVENT = "elastic-refresh"
 
 
+def _allowed(job: Any, action: str) -> None:
+    """Its owner or an admin (the dashboard's operators) may act on a job, and only admins preempt
+    (service.authz, the same rule as the service's API); a denial is audited and answered 403."""
+    decision = may_act(Caller(g.user.name, -1, operator=g.user.is_admin), job, action)
+    if not decision:
+        audit(action, f"job:{job.id}", f"denied: {decision.why}")
+        abort(403, description=decision.why)
+
+
 @bp.post("/jobs/<int:job_id>/<action>")
-@admin_required
 def act(job_id: int, action: str) -> Any:
     target = f"job:{job_id}"
     if action not in REQUEST_ACTIONS:
@@ -34,6 +44,7 @@ def act(job_id: int, action: str) -> Any:
     if job is None:
         audit(action, target, "denied: no such job (404)")
         abort(404, description=f"no job {job_id}")
+    _allowed(job, action)
     fields = {k: request.form[k] for k in ("nodes", "count") if k in request.form}
     try:  # checked and queued in one transaction under the job's row lock (db.store_requests)
         rid, params = store().queue_request(job_id, action, fields, g.user.name)
@@ -48,13 +59,13 @@ def act(job_id: int, action: str) -> Any:
 
 
 @bp.post("/jobs/<int:job_id>/policy")
-@admin_required
 def switch_policy(job_id: int) -> Any:
     target = f"job:{job_id}"
     job = store().get_job(job_id)
     if job is None:
         audit("policy", target, "denied: no such job (404)")
         abort(404, description=f"no job {job_id}")
+    _allowed(job, "switch the policy of")
     try:
         before = store().set_policy(job_id, check_policy_switch(job, request.form.get("policy", "")))
     except ValueError as exc:

@@ -8,6 +8,7 @@ cookie copied before then stops working (sessions are signed cookies, not server
 from __future__ import annotations
 
 import hmac
+import pwd
 import secrets
 from functools import wraps
 from typing import Any, Callable, TypeVar, cast
@@ -18,6 +19,7 @@ from flask import Blueprint, Flask, Response, abort, current_app, g, redirect, r
 from dashboard.deps import is_htmx, store
 from dashboard.security import client_address
 from db.vocab import MAX_NAME, MAX_PASSWORD
+from service.identity import caller_of
 
 bp = Blueprint("auth", __name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -105,6 +107,22 @@ def safe_next(value: str | None) -> str:
     return value if not parts.scheme and not parts.netloc else fallback
 
 
+def site_login(name: str, password: str) -> Any:
+    """A login checked by the host's PAM (service `PAM_SERVICE`, default `login`: the cluster's own accounts,
+    LDAP included where PAM reaches it): the user's dashboard row, admin for members of OPERATORS_GROUP
+    (and root), viewer otherwise -- a viewer still acts on the jobs they own (dashboard.actions)."""
+    import pam
+
+    if not pam.authenticate(name, password, service=current_app.config.get("PAM_SERVICE") or "login"):
+        return None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    operator = caller_of(entry.pw_uid, entry.pw_gid, current_app.config.get("OPERATORS_GROUP")).operator
+    return store().site_user(entry.pw_name, "admin" if operator else "viewer")
+
+
 def _refuse(status: int, error: str, headers: dict[str, str] | None = None) -> Any:
     page = render_template("login.html", next=safe_next(request.form.get("next")), error=error)
     return page, status, headers or {}
@@ -123,7 +141,8 @@ def login() -> Any:
     if wait:
         return _refuse(429, f"too many failed logins: try again in {wait} s", {"Retry-After": str(wait)})
     with current_app.extensions["elastic_hash_slots"]:
-        user = store().verify_user(name, password)
+        user = site_login(name, password) if current_app.config.get("LOGIN") == "pam" else \
+            store().verify_user(name, password)
     store().audit(name, "login", "dashboard", "ok" if user else "denied: bad credentials", address)
     if user is None:
         windows["user"].failed(name)

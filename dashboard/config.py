@@ -9,7 +9,8 @@ MIN_SECRET_LEN = 16
 #: TOML key -> create_app config key
 FILE_KEYS = {"secret_key": "SECRET_KEY", "db": "DB_URL", "host": "HOST", "port": "PORT", "threads": "THREADS",
              "secure_cookies": "SECURE_COOKIES", "session_lifetime": "SESSION_LIFETIME_S",
-             "operators_group": "OPERATORS_GROUP", "private_jobs": "PRIVATE_JOBS", "munge_socket": "MUNGE_SOCKET"}
+             "operators_group": "OPERATORS_GROUP", "private_jobs": "PRIVATE_JOBS", "munge_socket": "MUNGE_SOCKET",
+             "login": "LOGIN", "pam_service": "PAM_SERVICE"}
 #: integer keys and their allowed ranges
 INT_RANGES = {"port": (1, 65535), "threads": (1, 256), "session_lifetime": (60, 90 * 86400)}
 

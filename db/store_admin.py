@@ -117,6 +117,21 @@ class AdminMixin:
                 row.session_version = (row.session_version or 0) + 1
             row.password_hash, row.role = generate_password_hash(password), role
 
+    def site_user(self, name: str, role: str) -> User:
+        """The dashboard's row of a user the site's login proved (PAM): created on first login with no usable
+        password (no local login with it), its role set from the site (the operators group) at every login."""
+        check("role", role, ROLES)
+        if not name.strip() or len(name) > MAX_NAME or not name.isprintable():
+            raise ValueError(f"user name must be printable and at most {MAX_NAME} characters")
+        with self._tx() as s:
+            row = s.scalars(select(UserRow).where(UserRow.name == name)).first()
+            if row is None:
+                row = UserRow(name=name, created_at=self.now(), session_version=0, password_hash="!site-login")
+                s.add(row)
+            row.role = role
+            s.flush()
+            return User(row.name, row.role, row.session_version or 0)
+
     def revoke_sessions(self, name: str) -> None:
         """Invalidate every session cookie issued to this user so far (logout does this)."""
         with self._tx() as s:

@@ -17,3 +17,5 @@ for path in "$(dirname "$python")" "$ROOT"; do
     path="$(dirname "$path")"
   done
 done
+# their password for the dashboard's PAM login test (tests/dashboard/test_site_login.py): test accounts only
+for user in elastic-alice elastic-bob elastic-ops; do echo "$user:elastic-test-pw-$user" | chpasswd; done

@@ -1,0 +1,84 @@
+"""The dashboard logs people in with the cluster's own accounts (PAM, the host's real pam_unix, real Unix users
+from scripts/install-test-users.sh) and lets each act on the jobs they own: its owner may shrink, grow, suspend
+and switch the policy of a job; members of the operators group (admins) act on every job and alone preempt; a
+denial is audited with the logged-in user. The oracle is the database: which requests were queued, by whom."""
+from __future__ import annotations
+
+import pwd
+import re
+
+import pytest
+
+from dashboard import create_app
+from db import Store
+from tests.dashboard.conftest import SECRET
+
+USERS = ("elastic-alice", "elastic-bob", "elastic-ops")
+
+
+def password(user: str) -> str:
+    return f"elastic-test-pw-{user}"
+
+
+@pytest.fixture
+def site(tmp_path):
+    for user in USERS:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            pytest.fail(f"no Unix user {user}: run scripts/install-test-users.sh (make test does)")
+    url = f"sqlite:///{tmp_path}/e.db"
+    store = Store(url)
+    jobs = {}
+    for owner in ("elastic-alice", "elastic-bob"):
+        jobs[owner] = store.create_job(f"{owner}-train", "pp1tp1dp2", 1, 2, nodes=["n1", "n2"], owner=owner)
+        store.record_rank_map(jobs[owner], 0, "pp1tp1dp2", [
+            {"virtual_rank": r, "node": f"n{r + 1}", "gpu": 0, "pp": 0, "dp": r, "tp": 0} for r in range(2)])
+    app = create_app({"DB_URL": url, "SECRET_KEY": SECRET, "TESTING": True, "LOGIN": "pam",
+                      "OPERATORS_GROUP": "elastic-operators"})
+    yield app, store, jobs
+    store.close()
+
+
+def logged_in(app, user: str, pw: str | None = None):
+    client = app.test_client()
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/login").text).group(1)
+    resp = client.post("/login", data={"username": user, "password": pw or password(user), "csrf_token": token})
+    if resp.status_code == 302:
+        with client.session_transaction() as sess:
+            client.csrf = sess["csrf"]
+    return client, resp
+
+
+def act(client, job_id: int, action: str, **form) -> int:
+    return client.post(f"/jobs/{job_id}/{action}", data={**form, "csrf_token": client.csrf}).status_code
+
+
+def test_pam_login_with_the_clusters_accounts(site):
+    app, store, _ = site
+    _, resp = logged_in(app, "elastic-alice", "not her password")
+    assert resp.status_code == 401
+    alice, resp = logged_in(app, "elastic-alice")
+    assert resp.status_code == 302 and alice.get("/").status_code == 200
+    assert store.get_user("elastic-alice").role == "viewer" and store.get_user("elastic-ops").role == "admin" \
+        if logged_in(app, "elastic-ops")[1].status_code == 302 else False
+    assert store.verify_user("elastic-alice", "") is None  # the row made at login has no local password
+
+
+def test_owners_act_on_their_jobs_operators_on_all(site):
+    app, store, jobs = site
+    alice, _ = logged_in(app, "elastic-alice")
+    assert act(alice, jobs["elastic-alice"], "shrink", nodes="1") == 302  # queued: back to the job page
+    assert act(alice, jobs["elastic-bob"], "shrink", nodes="1") == 403
+    assert act(alice, jobs["elastic-alice"], "preempt", count="1") == 403
+    assert "Preempt" not in alice.get(f"/jobs/{jobs['elastic-alice']}").text
+    assert "Shrink" in alice.get(f"/jobs/{jobs['elastic-alice']}").text
+    assert "Shrink" not in alice.get(f"/jobs/{jobs['elastic-bob']}").text
+    ops, _ = logged_in(app, "elastic-ops")
+    assert act(ops, jobs["elastic-bob"], "preempt", count="1") == 302
+    queued = {(r.job_id, r.action, r.requested_by) for r in store.list_requests(limit=50)}
+    assert queued == {(jobs["elastic-alice"], "shrink", "elastic-alice"), (jobs["elastic-bob"], "preempt", "elastic-ops")}
+    denied = [r for r in store.audit_log(limit=50) if r.result.startswith("denied")]
+    assert {(r.who, r.target) for r in denied} == {("elastic-alice", f"job:{jobs['elastic-bob']}"),
+                                                   ("elastic-alice", f"job:{jobs['elastic-alice']}")}
+    assert any("belongs to elastic-bob" in r.result for r in denied)
