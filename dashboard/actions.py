@@ -14,12 +14,11 @@ from typing import Any
 from flask import Blueprint, Flask, abort, flash, g, make_response, redirect, render_template, request, url_for
 
 from dashboard.auth import audit
-from dashboard.deps import is_htmx, store
+from dashboard.deps import is_htmx, store, viewer, visible
 from db.errors import NotFoundError
 from db.requests import check_policy_switch
 from db.vocab import REQUEST_ACTIONS
 from service.authz import may_act
-from service.identity import Caller
 
 bp = Blueprint("actions", __name__)
 REFRESH_EVENT = "elastic-refresh"
@@ -28,7 +27,8 @@ REFRESH_EVENT = "elastic-refresh"
 def _allowed(job: Any, action: str) -> None:
     """Its owner or an admin (the dashboard's operators) may act on a job, and only admins preempt
     (service.authz, the same rule as the service's API); a denial is audited and answered 403."""
-    decision = may_act(Caller(g.user.name, -1, operator=g.user.is_admin), job, action)
+    visible(job, f"job {job.id}")
+    decision = may_act(viewer(), job, action)
     if not decision:
         audit(action, f"job:{job.id}", f"denied: {decision.why}")
         abort(403, description=decision.why)

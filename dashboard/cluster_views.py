@@ -11,7 +11,7 @@ from flask import Blueprint, Flask, abort, current_app, g, render_template, requ
 from dashboard.cluster import ClusterView, ElasticJob
 from dashboard.auth import admin_required
 from dashboard.cluster_data import ClusterSource, elastic_jobs
-from dashboard.deps import is_htmx, store
+from dashboard.deps import is_htmx, store, visible
 from dashboard.linechart import LineChart, line_chart
 from dashboard.policy_panel import opportunistic_nodes, policy_decisions, policy_rows
 from dashboard.preempt_preview import preview
@@ -95,7 +95,7 @@ def preempt_preview() -> Any:
 
 @bp.get("/jobs/<int:job_id>/timeline")
 def job_timeline(job_id: int) -> str:
-    job = store().get_job(job_id) or abort(404, description=f"no job {job_id}")
+    job = visible(store().get_job(job_id), f"job {job_id}")
     migrations = store().recent_migrations(job_id, limit=200)
     t = timeline(store().rank_maps(job_id), migrations, store().steps(job_id), datetime.now(timezone.utc),
                  href=lambda mid: url_for("views.migration", mid=mid))

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flask import current_app, request
+from flask import abort, current_app, g, request
+
+from service.authz import may_see, owner_filter
+from service.identity import Caller
 
 if TYPE_CHECKING:
+    from db.records import Job
     from db.store import Store
 
 
@@ -17,3 +21,20 @@ def store() -> "Store":
 def is_htmx() -> bool:
     """True for requests made by htmx, which get a partial instead of a full page."""
     return request.headers.get("HX-Request") == "true"
+
+
+def viewer() -> Caller:
+    """The logged-in user as service.authz sees them: admins are the dashboard's operators."""
+    return Caller(g.user.name, -1, operator=g.user.is_admin)
+
+
+def owner_shown() -> str | None:
+    """The owner listings are narrowed to: the user's own jobs where the site keeps jobs private."""
+    return owner_filter(viewer(), bool(current_app.config.get("PRIVATE_JOBS")))
+
+
+def visible(job: "Job | None", what: str) -> "Job":
+    """The job, or 404 when there is none or the site keeps it private from this user (as if absent)."""
+    if job is None or not may_see(viewer(), job, bool(current_app.config.get("PRIVATE_JOBS"))):
+        abort(404, description=f"no {what}")
+    return job

@@ -11,7 +11,7 @@ from flask import Blueprint, Flask, Response, abort, current_app, g, render_temp
 
 from dashboard import charts
 from dashboard.auth import audit
-from dashboard.deps import is_htmx, store
+from dashboard.deps import is_htmx, owner_shown, store, visible
 from dashboard.timeline import pause_of, timeline
 from db.survival import survival_of
 from db.liveness import lost_since, resume_hint, shown_state
@@ -53,7 +53,8 @@ def jobs() -> str:
         page = parse_int("page", request.args.get("page", "1"), 1, 10**6)
     except ValueError as exc:
         abort(400, description=str(exc))
-    rows, total = store().jobs_page(JOB_VIEWS[show], name or None, JOBS_PAGE_SIZE, (page - 1) * JOBS_PAGE_SIZE)
+    rows, total = store().jobs_page(JOB_VIEWS[show], name or None, JOBS_PAGE_SIZE, (page - 1) * JOBS_PAGE_SIZE,
+                                    owner=owner_shown())
     args = {k: v for k, v in (("show", show), ("name", name)) if v and (k, v) != ("show", "all")}
     ctx = {"rows": rows, "tiers": SLA_TIERS, "args": args, "page": page, "total": total, "show": show,
            "name": name, "views": JOB_VIEWS, "pages": max(1, -(-total // JOBS_PAGE_SIZE))}
@@ -61,6 +62,7 @@ def jobs() -> str:
 
 
 def _job_panels(job_id: int) -> dict[str, Any]:
+    visible(store().get_job(job_id), f"job {job_id}")
     try:
         placement = store().placement(job_id)
     except LookupError:
@@ -89,8 +91,7 @@ def rank_maps(job_id: int) -> Response:
     fmt = request.args.get("format", "json")
     if fmt not in ("csv", "json"):
         abort(400, description=f"bad format {fmt[:40]!r}: expected csv or json")
-    if store().get_job(job_id) is None:
-        abort(404, description=f"no job {job_id}")
+    visible(store().get_job(job_id), f"job {job_id}")
     rows = rank_map_rows(store().rank_maps(job_id))
     if fmt == "json":
         return Response(json.dumps(rows, indent=2), mimetype="application/json")
@@ -101,6 +102,7 @@ def rank_maps(job_id: int) -> Response:
 @bp.get("/migrations/<int:mid>")
 def migration(mid: int) -> str:
     m = store().get_migration(mid) or abort(404, description=f"no migration {mid}")
+    visible(store().get_job(m.job_id), f"migration {mid}")
     return render_template("migration.html", m=m, notes=migration_notes(m), phases=charts.phase_chart(m.phases),
                            bytes=charts.bytes_chart(m.bytes_moved, m.bytes_checkpoint), human_bytes=charts.human_bytes)
 
@@ -117,15 +119,16 @@ def history() -> Any:
     if fmt not in ("html", "csv", "json"):
         abort(400, description=f"bad format {fmt!r}: expected html, csv or json")
     if fmt != "html":  # exports: the whole filtered query (up to `limit` rows), like `elastic history`
-        rows = store().history(**filters.as_kwargs(), limit=limit)
+        rows = store().history(**filters.as_kwargs(), limit=limit, owner=owner_shown())
     else:
-        rows = store().history(**filters.as_kwargs(), limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
+        rows = store().history(**filters.as_kwargs(), limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE,
+                               owner=owner_shown())
     if fmt == "json":
         return Response(json.dumps(rows, indent=2), mimetype="application/json")
     if fmt == "csv":
         return Response(_csv(rows, HISTORY_COLUMNS), mimetype="text/csv",
                         headers={"Content-Disposition": "attachment; filename=history.csv"})
-    total = store().history_count(**filters.as_kwargs())
+    total = store().history_count(**filters.as_kwargs(), owner=owner_shown())
     job = request.args.get("job", "").strip()
     ctx = {"rows": rows, "page": page, "pages": max(1, -(-total // PAGE_SIZE)), "total": total,
            "unknown_job": job if not total and job and store().find_job(job) is None else None,

@@ -82,3 +82,17 @@ def test_owners_act_on_their_jobs_operators_on_all(site):
     assert {(r.who, r.target) for r in denied} == {("elastic-alice", f"job:{jobs['elastic-bob']}"),
                                                    ("elastic-alice", f"job:{jobs['elastic-alice']}")}
     assert any("belongs to elastic-bob" in r.result for r in denied)
+
+
+def test_private_jobs_hide_other_users_jobs_but_not_from_operators(site, tmp_path):
+    app, store, jobs = site
+    app.config["PRIVATE_JOBS"] = True
+    alice, _ = logged_in(app, "elastic-alice")
+    listing = alice.get("/").text
+    assert "elastic-alice-train" in listing and "elastic-bob-train" not in listing
+    assert alice.get(f"/jobs/{jobs['elastic-bob']}").status_code == 404
+    assert act(alice, jobs["elastic-bob"], "shrink", nodes="1") == 404
+    ops, _ = logged_in(app, "elastic-ops")
+    assert "elastic-bob-train" in ops.get("/").text and ops.get(f"/jobs/{jobs['elastic-bob']}").status_code == 200
+    app.config["PRIVATE_JOBS"] = False
+    assert "elastic-bob-train" in alice.get("/").text
