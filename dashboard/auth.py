@@ -62,11 +62,37 @@ def _session_user() -> Any:
     return user
 
 
+def _proxy_user() -> Any:
+    """LOGIN=proxy: the user a trusted reverse proxy authenticated (its REMOTE_USER header, PROXY_USER_HEADER),
+    believed only from the proxy's own addresses (PROXY_ADDRESSES); a header from anywhere else is ignored,
+    audited once per request, and the request is as if anonymous."""
+    header = current_app.config.get("PROXY_USER_HEADER") or "X-Remote-User"
+    name = (request.headers.get(header) or "").strip()
+    if not name:
+        return None
+    if client_address() not in set(current_app.config.get("PROXY_ADDRESSES") or ()):
+        store().audit(name[:MAX_NAME], "login", "dashboard", f"denied: {header} from {client_address()}, which is "
+                      "not a configured proxy address", client_address())
+        return None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    return _site_row(entry)
+
+
+def _site_row(entry: pwd.struct_passwd) -> Any:
+    """The dashboard's row of a Unix user the site proved: admin for members of OPERATORS_GROUP (and root),
+    viewer otherwise -- a viewer still acts on the jobs they own (dashboard.actions)."""
+    operator = caller_of(entry.pw_uid, entry.pw_gid, current_app.config.get("OPERATORS_GROUP")).operator
+    return store().site_user(entry.pw_name, "admin" if operator else "viewer")
+
+
 def _load_user() -> Response | None:
     if request.blueprint == "api":  # the service's API proves its callers by munge (service.api), not cookies
         g.user = None
         return None
-    g.user = _session_user()
+    g.user = _proxy_user() if current_app.config.get("LOGIN") == "proxy" else _session_user()
     if request.method == "POST":
         _check_csrf()
     if g.user is None and request.endpoint not in PUBLIC_ENDPOINTS:
@@ -109,18 +135,15 @@ def safe_next(value: str | None) -> str:
 
 def site_login(name: str, password: str) -> Any:
     """A login checked by the host's PAM (service `PAM_SERVICE`, default `login`: the cluster's own accounts,
-    LDAP included where PAM reaches it): the user's dashboard row, admin for members of OPERATORS_GROUP
-    (and root), viewer otherwise -- a viewer still acts on the jobs they own (dashboard.actions)."""
+    LDAP included where PAM reaches it): the user's dashboard row (_site_row)."""
     import pam
 
     if not pam.authenticate(name, password, service=current_app.config.get("PAM_SERVICE") or "login"):
         return None
     try:
-        entry = pwd.getpwnam(name)
+        return _site_row(pwd.getpwnam(name))
     except KeyError:
         return None
-    operator = caller_of(entry.pw_uid, entry.pw_gid, current_app.config.get("OPERATORS_GROUP")).operator
-    return store().site_user(entry.pw_name, "admin" if operator else "viewer")
 
 
 def _refuse(status: int, error: str, headers: dict[str, str] | None = None) -> Any:

@@ -10,7 +10,8 @@ MIN_SECRET_LEN = 16
 FILE_KEYS = {"secret_key": "SECRET_KEY", "db": "DB_URL", "host": "HOST", "port": "PORT", "threads": "THREADS",
              "secure_cookies": "SECURE_COOKIES", "session_lifetime": "SESSION_LIFETIME_S",
              "operators_group": "OPERATORS_GROUP", "private_jobs": "PRIVATE_JOBS", "munge_socket": "MUNGE_SOCKET",
-             "login": "LOGIN", "pam_service": "PAM_SERVICE"}
+             "login": "LOGIN", "pam_service": "PAM_SERVICE", "proxy_addresses": "PROXY_ADDRESSES",
+             "proxy_user_header": "PROXY_USER_HEADER"}
 #: integer keys and their allowed ranges
 INT_RANGES = {"port": (1, 65535), "threads": (1, 256), "session_lifetime": (60, 90 * 86400)}
 
@@ -58,6 +59,9 @@ def _checked(path: str, key: str, value: Any) -> Any:
     elif key in ("secure_cookies", "private_jobs"):
         if not isinstance(value, bool):
             raise ConfigError(f"config file {path}: {key} must be true or false, not {value!r}")
+    elif key == "proxy_addresses":
+        if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+            raise ConfigError(f"config file {path}: proxy_addresses must be a list of addresses, not {value!r}")
     elif not isinstance(value, str):
         raise ConfigError(f"config file {path}: {key} must be a string, not {value!r}")
     return value

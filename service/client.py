@@ -6,6 +6,7 @@ the URL (http:// or https://). Users and sbatch scripts hold the service's addre
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,6 +18,11 @@ from service.codec import decode, encode
 from service.errors import AccessDenied, NotAuthenticated, ServiceError
 
 TIMEOUT_S = 60.0
+RETRY_S = 30.0  # how long a call waits for a service that refuses connections (being restarted)
+
+
+class _Refused(Exception):
+    """The service refused the connection: nothing was sent."""
 
 
 def is_service_url(url: str | None) -> bool:
@@ -32,7 +38,23 @@ class ServiceStore:
         self.timeout, self.socket = timeout, socket
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One call; while the service refuses connections (restarting) it is tried again for up to RETRY_S,
+        which is safe because nothing was sent. A call that may have arrived is never repeated."""
         body = json.dumps({"args": encode(list(args)), "kwargs": encode(kwargs)}).encode()
+        deadline, pause = time.monotonic() + RETRY_S, 0.5
+        while True:
+            try:
+                return self._send(method, body)
+            except _Refused:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ServiceError(f"cannot reach the elastic service at {self.url}: it refused connections "
+                                       f"for {RETRY_S:.0f} s (is `elastic serve` running there? check the URL in "
+                                       "--db / $ELASTIC_DB_URL)") from None
+                time.sleep(min(pause, remaining))
+                pause = min(pause * 2, 5.0)
+
+    def _send(self, method: str, body: bytes) -> Any:
         credential = munge.mint(munge.request_payload(method, body), socket=self.socket)
         req = urllib.request.Request(f"{self.url}/api/v1/{method}", data=body, method="POST", headers={
             "Content-Type": "application/json", "Authorization": f"MUNGE {credential}"})
@@ -43,6 +65,8 @@ class ServiceStore:
             raise self._refusal(method, exc) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ConnectionRefusedError):
+                raise _Refused() from None
             raise ServiceError(f"cannot reach the elastic service at {self.url}: {reason} (is `elastic serve` "
                                "running there? check the URL in --db / $ELASTIC_DB_URL)") from None
 

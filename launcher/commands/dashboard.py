@@ -88,10 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="users see only their own jobs (like Slurm's PrivateData=jobs)")
     shared.add_argument("--munge-socket", metavar="PATH", default=None,
                         help="munged's socket to verify credentials with (default munge's own)")
-    shared.add_argument("--login", choices=("pam", "local"), default=None,
+    shared.add_argument("--login", choices=("pam", "proxy", "local"), default=None,
                         help="how people log in to the dashboard: pam (the cluster's own accounts; the default of "
-                             "`elastic serve`) or local (passwords made with --add-user; the default of "
-                             "`elastic dashboard`, for one user's own host)")
+                             "`elastic serve`), proxy (a reverse proxy's authenticated user, in the X-Remote-User "
+                             "header, believed from --proxy-address only) or local (passwords made with --add-user; "
+                             "the default of `elastic dashboard`, for one user's own host)")
+    shared.add_argument("--proxy-address", action="append", metavar="ADDR", dest="proxy_addresses", default=None,
+                        help="with --login proxy: the proxy's address (repeat for several)")
     users = parser.add_argument_group("user management (does not start the server)")
     users.add_argument("--add-user", metavar="NAME", help="create a user, or reset its password with --replace")
     users.add_argument("--role", choices=("admin", "viewer"), default="viewer", help="role for --add-user")
@@ -173,13 +176,16 @@ def run(args: argparse.Namespace) -> int:
     for key, value in (("THREADS", args.threads), ("SECURE_COOKIES", args.secure_cookies),
                        ("SESSION_LIFETIME_S", args.session_lifetime), ("OPERATORS_GROUP", args.operators_group),
                        ("PRIVATE_JOBS", args.private_jobs), ("MUNGE_SOCKET", args.munge_socket),
-                       ("LOGIN", args.login)):
+                       ("LOGIN", args.login), ("PROXY_ADDRESSES", args.proxy_addresses)):
         if value is not None:
             config[key] = value
     config["SLURM_JOB_UID"] = slurm_job_uid
     config.setdefault("LOGIN", "pam" if args.command == "serve" else "local")
-    if config["LOGIN"] not in ("pam", "local"):
-        raise UsageError(f"login {config['LOGIN']!r}: expected pam or local")
+    if config["LOGIN"] not in ("pam", "proxy", "local"):
+        raise UsageError(f"login {config['LOGIN']!r}: expected pam, proxy or local")
+    if config["LOGIN"] == "proxy" and not config.get("PROXY_ADDRESSES"):
+        raise UsageError("--login proxy believes the user header only from the proxy: name its address with "
+                         "--proxy-address ADDR (or proxy_addresses in --config)")
     try:
         app = create_app(config)
     except (ConfigError, DatabaseError) as exc:

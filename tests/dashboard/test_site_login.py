@@ -96,3 +96,20 @@ def test_private_jobs_hide_other_users_jobs_but_not_from_operators(site, tmp_pat
     assert "elastic-bob-train" in ops.get("/").text and ops.get(f"/jobs/{jobs['elastic-bob']}").status_code == 200
     app.config["PRIVATE_JOBS"] = False
     assert "elastic-bob-train" in alice.get("/").text
+
+
+def test_a_trusted_proxys_user_header_only_from_the_proxy(site):
+    app, store, jobs = site
+    app.config.update(LOGIN="proxy", PROXY_ADDRESSES=["10.0.0.5"])
+    client = app.test_client()
+    from_proxy = {"REMOTE_ADDR": "10.0.0.5"}
+    page = client.get("/", headers={"X-Remote-User": "elastic-alice"}, environ_base=from_proxy)
+    assert page.status_code == 200 and "elastic-alice-train" in page.text
+    forged = client.get("/", headers={"X-Remote-User": "elastic-ops"}, environ_base={"REMOTE_ADDR": "10.0.0.9"})
+    assert forged.status_code == 302 and "/login" in forged.headers["Location"]
+    assert any(r.who == "elastic-ops" and "not a configured proxy address" in r.result for r in store.audit_log())
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get(
+        f"/jobs/{jobs['elastic-bob']}", headers={"X-Remote-User": "elastic-alice"}, environ_base=from_proxy).text)
+    resp = client.post(f"/jobs/{jobs['elastic-bob']}/shrink", data={"nodes": "1", "csrf_token": token.group(1)},
+                       headers={"X-Remote-User": "elastic-alice"}, environ_base=from_proxy)
+    assert resp.status_code == 403 and store.pending_requests(jobs["elastic-bob"]) == []
