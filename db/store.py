@@ -537,6 +537,18 @@ class Store(RequestsMixin, AdminMixin, ClusterMixin, PolicyMixin, StoreBase):
                 raise NotFoundError(f"no migration with id {mid}")
             row.pause_s = float(pause_s)
 
+    def set_resume_step(self, mid: int, at_step: int, steps_lost: int) -> None:
+        """Record where a restart's new world went on from (at_step) and the steps it ran again (steps_lost):
+        known only once the script reported its first step there (launcher.loop.restart), after the
+        restart itself was finished."""
+        if at_step < 0 or steps_lost < 0:
+            raise ValueError(f"at_step {at_step} and steps_lost {steps_lost} must be non-negative")
+        with self._tx() as s:
+            row = s.get(MigrationRow, mid)
+            if row is None:
+                raise NotFoundError(f"no migration with id {mid}")
+            row.at_step, row.steps_lost = int(at_step), int(steps_lost)
+
     def get_migration(self, mid: int) -> Migration | None:
         if not 0 < mid <= MAX_ID:
             return None

@@ -28,7 +28,7 @@ READS = {m: JOB for m in ("get_job", "list_nodes", "current_rank_map", "rank_map
 WRITES = {m: JOB for m in ("set_job_state", "update_job", "heartbeat", "set_checkpoint", "set_node_state",
                            "record_rank_map", "start_migration", "record_step", "record_steps", "set_launch_spec",
                            "record_policy_watch", "take_request")} | \
-         {m: MIGRATION for m in ("finish_migration", "add_migration_notes", "set_pause")} | \
+         {m: MIGRATION for m in ("finish_migration", "add_migration_notes", "set_pause", "set_resume_step")} | \
          {"complete_request": REQUEST}
 LISTINGS = ("list_jobs", "history", "history_count", "jobs_page")  # narrowed to the caller's jobs where private
 

@@ -39,8 +39,10 @@ fields of --json (and --csv's columns), one object per migration:
   bytes_checkpoint       what a checkpoint restart would have written and read instead
   bit_exact              every moved piece's digest matched at both ends (null: nothing moved between
                          processes, so nothing was compared; or not checked)
-  at_step                the step boundary the new layout went on from (a restore: the checkpoint's step)
-  steps_lost             committed steps run again (a restore from the safety checkpoint)
+  at_step                the step boundary the new layout went on from (a restore: the checkpoint's step; a
+                         restart: the step before the script's first report, launcher.runtime.report_step)
+  steps_lost             committed steps run again (a restore from the safety checkpoint; a restart from the
+                         script's own checkpoint)
   error                  why it failed or was declined (or what went wrong after the commit)
   notes                  what else happened (node releases, killed workers, a rank's first failure)
 """

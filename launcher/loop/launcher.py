@@ -60,7 +60,6 @@ class Launcher:
         self.deciding = False  # auto mode: restart mode until the workers join through launcher.runtime
         self.signalled = self.stopped = False
         self.last_step = 0  # the last finished step recorded in the database
-        self.losses_seen = 0  # lines of the control plane's `losses` already in the database
 
     def _live_mode(self) -> LiveMode:
         mode = LiveMode(self.opts, self.ctl, self.holdings, self.workers, self.recorder, self.start_nodes)
@@ -289,8 +288,7 @@ class Launcher:
                 return False
             if self.opts.on_signal != "ignore" and len(self.active) > self.opts.min_nodes:
                 self.shrink_to(self.opts.min_nodes, "signal")
-        if isinstance(self.mode, LiveMode):
-            self.record_loss()
+        self.record_loss()
         for req in self.db.take_requests(self.job_id):  # claimed one at a time (SKIP LOCKED)
             self.handle_request(req)
             if self.stopped:
@@ -325,10 +323,11 @@ class Launcher:
         return True
 
     def record_loss(self) -> None:
-        """Copy every loss the workers reported since the last poll (step, loss, layout) into the database."""
-        new, self.losses_seen = self.ctl.take_losses(self.losses_seen)
-        if new:
-            self.db.record_steps(self.job_id, new)
+        """Copy every step the workers reported since the last poll (step, loss, layout) into the database; in
+        restart mode they also say the job's step and where a restart went on from (RestartMode.reported)."""
+        new = self.recorder.take_steps(self.ctl)
+        if isinstance(self.mode, RestartMode):
+            self.mode.reported(new)
 
     def run(self, until: Callable[["Launcher"], bool] | None = None) -> int:
         """Start, then loop until the workers finish, a stop, or `until(self)` says so."""
@@ -341,8 +340,7 @@ class Launcher:
                     self.stop()
                     break
                 time.sleep(self.opts.poll)
-            if isinstance(self.mode, LiveMode):
-                self.record_loss()  # the steps since the last poll
+            self.record_loss()  # the steps since the last poll
             return 0 if self.recorder.job_state_is("finished", "suspended") else 1
         except KeyboardInterrupt:  # SIGINT or SIGTERM: the job ends as stopped, not stuck in running
             self.log("interrupted: stopping the workers")

@@ -26,6 +26,7 @@ class Recorder:
         self.epoch_base = 0  # database epochs of a resumed job continue after its earlier ones
         self.reporter = Reporter(self.log, lambda action, text: self.audit(action, text))
         self.beat_at = float("-inf")  # monotonic time of the last heartbeat
+        self.reports_seen = 0  # lines of the control plane's `losses` already in the database
 
     def audit(self, action: str, text: str) -> None:
         self.db.audit("elastic-launch", action, f"job:{self.job_id}", text)
@@ -37,6 +38,13 @@ class Recorder:
             return
         self.beat_at = time.monotonic()
         self.db.heartbeat(self.job_id, newest_checkpoint())
+
+    def take_steps(self, ctl) -> list[tuple[int, float | None, str]]:
+        """Every step the workers reported since the last call (step, loss, layout), now in the database."""
+        new, self.reports_seen = ctl.take_losses(self.reports_seen)
+        if new:
+            self.db.record_steps(self.job_id, new)
+        return new
 
     # -- one migration ------------------------------------------------------------------------------
     def begin(self, out: Outcome, summary: dict, kind: str | None = None) -> int:

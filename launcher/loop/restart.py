@@ -82,6 +82,9 @@ def worker_command(command) -> list[str]:
     return ["python", "-m", "launcher.runtime.torchrun_exec", "--", *command]
 
 
+PROGRESS_S = 5.0  # how often the launcher says what a forming world waits for (ScriptRendezvous.progress)
+
+
 class ScriptRendezvous:
     """The script's own rendezvous: a store hosted here, a new one for each world (restart). The script joins
     it with `env://`, which sends no credential: the store refuses other users' processes on this host
@@ -91,18 +94,30 @@ class ScriptRendezvous:
         self.host, self.log = host, log
         self.store: GuardedStoreServer | None = None
         self.world_size = 0
-        self.opened = 0.0
+        self.opened = self.said = 0.0
 
     def new_world(self, world_size: int) -> int:
         """Close the previous world's store and open a fresh one; returns its port."""
         self.close()
         self.store = GuardedStoreServer(self.host, 0, None, on_refused=self.log, admit=same_user)
         self.world_size, self.opened = world_size, time.monotonic()
+        self.said = self.opened
         return self.store.port
 
     def formed(self) -> bool:
         """True once the script's process group is up: gloo and NCCL publish one key per rank."""
         return self.store is not None and self.store.key_count() >= self.world_size
+
+    def progress(self) -> str | None:
+        """Every PROGRESS_S while the world forms, what it waits for: a world's start can take a minute
+        (interpreters, imports, the script's own checkpoint load before its init_process_group), and a
+        launcher that says nothing meanwhile looks stuck. None between two lines and once formed."""
+        now = time.monotonic()
+        if self.store is None or self.formed() or now - self.said < PROGRESS_S:
+            return None
+        self.said = now
+        return (f"waiting for {self.world_size} workers to join the rendezvous (their init_process_group): "
+                f"{min(self.store.key_count(), self.world_size)} joined, {now - self.opened:.0f} s")
 
     def close(self) -> None:
         if self.store is not None:
@@ -132,6 +147,8 @@ class RestartMode:
         self.failures = 0
         self.recorded = False  # the running world's rank map is in the database
         self.output_at: dict[Path, int] = {}  # the workers' output files' sizes when this world started
+        self.last_step = 0  # the last step the script reported (launcher.runtime.report_step): `elastic jobs`
+        self.resuming: tuple[int, int] | None = None  # (restart's migration, last step before it): no report since
 
     # -- one world ------------------------------------------------------------------------------
     def layout(self, nodes: list[str]) -> RankMap:
@@ -177,6 +194,8 @@ class RestartMode:
                                       f"the new world formed; {self.workers.log_hint(done)}")
             if time.monotonic() > deadline:
                 raise MigrationFailed(f"the script's rendezvous did not form within {timeout:.0f} s")
+            if (line := self.rdzv.progress()) is not None:
+                self.log(line)
             time.sleep(0.05)
 
     def stop_world(self) -> float:
@@ -216,6 +235,7 @@ class RestartMode:
         self.log(f"restart {self.count + 1}: {out.from_layout} on {','.join(before)} -> {out.to_layout} on "
                  f"{','.join(target)} ({trigger}); stopping the workers")
         stop_s = self.stop_world()
+        self.reported(rec.take_steps(self.ctl))  # the old world's last reports: the new world's come after
         killed = self.killed_note()
         rec.notes(out.migration_id, killed)
         error, notes = self.holdings.release([n for n in before if n not in target], out.migration_id)
@@ -230,6 +250,7 @@ class RestartMode:
         rec.rank_map(self.count, str(new.layout), self.holdings.entries(new))
         rec.succeeded(out, error=error)
         rec.db.set_pause(out.migration_id, sum(out.phases.values()))
+        self.resuming = (out.migration_id, self.last_step)
         out.ok, out.nodes_after = error is None, len(self.workers.active)
         out.message = error or (f"restarted: {out.from_layout} -> {out.to_layout}, {len(before)} -> "
                                 f"{out.nodes_after} nodes (restart {self.count})")
@@ -237,6 +258,22 @@ class RestartMode:
             out.message += "; " + n
         self.log(out.message + f" (stop {out.phases['stop']:.2f}s, start {out.phases['start']:.2f}s)")
         return rec.keep(out)
+
+    def reported(self, reports: list) -> None:
+        """Steps the script reported (launcher.runtime.report_step: (step, loss, layout), in order): the job's
+        last step, and, for the first report after a restart, where the new world went on from (the step
+        before it: the script's own checkpoint) and the steps it runs again, in the restart's history."""
+        if not reports:
+            return
+        if self.resuming is not None:
+            mid, before = self.resuming
+            self.resuming = None
+            at = max(reports[0][0] - 1, 0)
+            self.recorder.db.set_resume_step(mid, at, max(before - at, 0))
+            self.log(f"restart {self.count}: the script went on from step {at}"
+                     + (f", {before - at} steps run again" if before > at else ""))
+        self.last_step = reports[-1][0]
+        self.recorder.db.update_job(self.recorder.job_id, last_step=self.last_step)
 
     def error_dir(self) -> Path:
         """Where the running world's ranks write their error files (TORCHELASTIC_ERROR_FILE)."""
@@ -291,6 +328,8 @@ class RestartMode:
         exited = self.workers.dead(all_codes=True)
         if exited or self.rdzv.formed():
             self.record_world()
+        if self.recorded and (line := self.rdzv.progress()) is not None:  # auto mode: not before it is decided
+            self.log(line)
         if any(rc != 0 for rc in exited.values()):
             out = self.on_failure({d: rc for d, rc in exited.items() if rc != 0})
             if not out.ok:

@@ -80,10 +80,14 @@ Suspend (`elastic suspend`, USR1 with --on-signal suspend) writes that checkpoin
 boundary and ends the workers; `elastic-launch --resume` goes on from it on any layout.
 
 A program that never calls `runtime.join(...)` runs in RESTART mode (torchrun's contract; see the
-README). One that calls it but never reaches `job.next_step()` is named by the launcher.
+README). One that calls it but never reaches `job.next_step()` is named by the launcher. A restart-mode
+script may say its progress with `runtime.report_step(step, loss=None)` on rank 0 (launcher.runtime.report:
+`elastic jobs`' STEP, each restart's step and steps run again; a no-op outside elastic-launch).
 """
 from launcher.runtime.job import JOIN_CALL, STEP_CALL, Job, join
 from launcher.runtime.layout import Layout, keep_stage_blocks, parse_layout
 from launcher.runtime.pipeline import Pipeline
+from launcher.runtime.report import report_step
 
-__all__ = ["JOIN_CALL", "STEP_CALL", "Job", "Layout", "Pipeline", "join", "keep_stage_blocks", "parse_layout"]
+__all__ = ["JOIN_CALL", "STEP_CALL", "Job", "Layout", "Pipeline", "join", "keep_stage_blocks", "parse_layout",
+           "report_step"]

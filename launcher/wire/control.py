@@ -183,9 +183,9 @@ class Control:
     def set_step(self, device: int, step: int) -> None:
         self.store.set(f"step/{device}", str(step))
 
-    def report_loss(self, step: int, loss: float, layout: str) -> None:
-        """A committed step's loss, appended to `losses` (one JSON line each, no answer awaited): the launcher
-        takes every one, not only the latest it happens to poll."""
+    def report_loss(self, step: int, loss: float | None, layout: str) -> None:
+        """A committed step's loss (None: a step without one, restart mode's report_step), appended to `losses`
+        (one JSON line each, no answer awaited): the launcher takes every one, not only the latest it polls."""
         self.store.append("losses", json.dumps([step, loss, layout]) + "\n")
 
     def take_losses(self, seen: int) -> tuple[list[tuple[int, float, str]], int]:
@@ -195,7 +195,8 @@ class Control:
             return [], 0
         text = self.store.get("losses").decode()
         lines = text.splitlines()
-        new = [(int(step), float(loss), str(layout)) for step, loss, layout in map(json.loads, lines[seen:])]
+        new = [(int(step), None if loss is None else float(loss), str(layout))
+               for step, loss, layout in map(json.loads, lines[seen:])]
         if text and self.store.compare_set("losses", text, "") == b"":
             return new, 0
         return new, len(lines)

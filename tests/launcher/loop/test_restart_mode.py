@@ -231,3 +231,62 @@ def test_a_resize_that_comes_as_the_workers_finish_is_answered_the_job_finished(
     (mig,) = store.recent_migrations(job.id, limit=5)
     assert (mig.kind, mig.status) == ("restart", "declined") and "the job finished" in mig.error
     assert la.restarts.count == 0  # no new world was started
+
+
+def test_the_launcher_says_what_a_forming_world_waits_for(tmp_path: Path) -> None:
+    """Rank 0 joins the world's rendezvous at once, rank 1 only once the launcher has said that it waits for
+    it (a gate the test opens on that line: no timing): the line names the workers and how many joined."""
+    from launcher.backends.local import LocalNodes
+    from launcher.launch import Launcher, Options
+
+    prog = ("import os, pathlib, sys, time\n"
+            "import torch.distributed as dist\n"
+            "while os.environ['RANK'] == '1' and not pathlib.Path(sys.argv[1], 'go').exists(): time.sleep(0.05)\n"
+            "s = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False)\n"
+            "s.set('rank' + os.environ['RANK'], '1')\n"
+            "s.wait(['rank0', 'rank1'])\n")
+    said: list[str] = []
+    opts = Options(1, 1, 2, [], ["python", "-c", prog, str(tmp_path)], job_name="slow", poll=0.05, mode="restart")
+    la = Launcher(opts, LocalNodes(1, 2), Store(f"sqlite:///{tmp_path}/e.db"), log=said.append)
+    want = "waiting for 2 workers to join the rendezvous (their init_process_group): 1 joined"
+
+    def until(la: Launcher) -> bool:
+        if any(want in x for x in said):
+            (tmp_path / "go").touch()
+        return False
+
+    assert la.run(until=until) == 0, said
+    assert any(want in x for x in said) and said[-1] == "workers finished", said
+
+
+def test_a_restart_records_the_step_the_script_went_on_from_and_the_steps_it_ran_again(tmp_path: Path) -> None:
+    """The script reports its steps (launcher.runtime.report_step) and goes on from its own checkpoint (every
+    third step); its first world waits after step 5 for the shrink's restart. The history has the step before
+    the new world's first report (3, the checkpoint's, as the script's own log says) and the steps run again
+    (4 and 5), `elastic jobs`' STEP is the job's last step, and the timeline has every report."""
+    from launcher.backends.local import LocalNodes
+    from launcher.cli import main as elastic
+    from launcher.launch import Launcher, Options
+
+    url, steps = f"sqlite:///{tmp_path}/e.db", 15
+    opts = Options(1, 2, 1, [], ["python", str(Path(__file__).with_name("report_script.py")), str(tmp_path),
+                                 str(steps)], job_name="rep", poll=0.05, mode="restart")
+    la = Launcher(opts, LocalNodes(2, 1), Store(url))
+    asked: list[bool] = []
+
+    def until(la: Launcher) -> bool:
+        if not asked and la.restarts.last_step == 5:
+            asked.append(True)
+            assert elastic(["resize", "rep", "--nodes", "1", "--db", url]) == 0
+        return False
+
+    assert la.run(until=until) == 0
+    store = Store(url)
+    job = store.find_job("rep")
+    (mig,) = store.recent_migrations(job.id, limit=5)
+    rows = [tuple(map(int, line.split())) for line in (tmp_path / "steps").read_text().splitlines()]
+    first_again = next(s for s, restart in rows if restart == 1)
+    assert (mig.kind, mig.status, mig.at_step, mig.steps_lost) == ("restart", "succeeded", 3, 2), mig
+    assert first_again == 4, rows
+    assert [r.step for r in store.steps(job.id)] == [1, 2, 3, 4, 5] + list(range(4, steps + 1))
+    assert job.last_step == steps
