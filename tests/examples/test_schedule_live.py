@@ -105,6 +105,9 @@ def test_without_log_files_the_terminal_gets_one_launcher_line_per_migration(tmp
                     [SCRIPT, "--steps", "12", "--log", str(tmp_path / "steps.log"), "--lr-log", str(tmp_path / "lr.log"),
                      "--step-sleep", "0.2"], lambda alive: shrink(tmp_path, "quiet", "pp1tp2dp1", alive), logs=False)
     assert "[runtime dev" not in out and "event 1: sent" not in out, out[-4000:]
+    # auto mode claims no restart-mode layout before it knows, and says the live layouts once it does
+    assert "restart mode, pp1tp1dp4" not in out and "live mode, layouts by node count: 1 node: pp1tp2dp1, 2 " \
+        "nodes: pp1tp2dp2" in out, out[-4000:]
     assert len([x for x in out.splitlines() if "(live, at step" in x]) == 1, out[-4000:]
     folder = tmp_path / "checkpoints" / "quiet.logs"
     assert folder.name in out  # the launcher says where they went

@@ -167,6 +167,12 @@ def test_fresh_processes_says_every_worker_is_a_new_interpreter(capsys, tmp_path
     assert first == "# local backend: 2 simulated nodes x 2 devices on this machine, every worker a new interpreter"
 
 
+def test_one_simulated_node_is_singular():
+    from launcher.backends.local import LocalNodes
+
+    assert LocalNodes(1, 2).describe().startswith("local backend: 1 simulated node x 2 devices")
+
+
 def test_shrink_and_release_choices_keep_the_batch_node():
     """Pure part of a shrink: which nodes stay (batch node first, then the busiest) and the scontrol line."""
     from launcher.launch import Launcher, Options
