@@ -7,7 +7,7 @@ from typing import Any
 
 from flask import Flask
 
-from dashboard import actions, audit, auth, cluster_views, events, security, views
+from dashboard import actions, audit, auth, cluster_views, events, security, throttle, views
 from dashboard.config import ConfigError, check_secret
 from service import api
 
@@ -47,7 +47,8 @@ def create_app(config: dict[str, Any]) -> Flask:
     # One connection per server thread, so a burst waits for a thread instead of exhausting the pool.
     app.extensions["elastic_store"] = Store(config["DB_URL"], upgrade_schema=False, pool_size=threads)
     security.init_app(app)
-    auth.init_app(app)
+    throttle.init_app(app, api.bp)
+    auth.init_app(app, api.bp)
     views.init_app(app)
     actions.init_app(app)
     cluster_views.init_app(app)

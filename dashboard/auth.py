@@ -1,20 +1,22 @@
-"""Login/logout, the logged-in user, role checks and CSRF protection.
+"""Login/logout, the logged-in user, role checks and CSRF protection, on Flask's extensions.
 
-Everything but /login and static files needs a logged-in user; every POST needs the
-session's CSRF token (form field csrf_token or header X-CSRF-Token, which htmx sends).
-A session carries the user's session version: logout and password changes bump it, so a
-cookie copied before then stops working (sessions are signed cookies, not server-side).
+Everything but /login and static files needs a logged-in user (Flask-Login); every POST needs the
+session's CSRF token (Flask-WTF's CSRFProtect: form field csrf_token or header X-CSRF-Token, which htmx
+sends). A session carries the user's session version in its id: logout and password changes bump it, so a
+cookie copied before then stops working (sessions are signed cookies, not server-side). The service's API
+(service.api) proves its callers by munge instead, and is exempt from both.
 """
 from __future__ import annotations
 
-import hmac
 import pwd
-import secrets
 from functools import wraps
 from typing import Any, Callable, TypeVar, cast
 from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, Response, abort, current_app, g, redirect, render_template, request, session, url_for
+from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
+from flask_wtf.csrf import CSRFError, CSRFProtect
+from werkzeug.exceptions import BadRequest
 
 from dashboard.deps import is_htmx, store
 from dashboard.security import client_address
@@ -27,11 +29,24 @@ PUBLIC_ENDPOINTS = {"auth.login", "static"}
 MAX_NEXT = 2000
 
 
-def csrf_token() -> str:
-    """The session's CSRF token, created on first use (templates call this)."""
-    if "csrf" not in session:
-        session["csrf"] = secrets.token_urlsafe(32)
-    return cast(str, session["csrf"])
+class SessionUser(UserMixin):
+    """A dashboard user in a session: its id names the user and its session version, so a revoked session
+    (logout, password change) no longer loads."""
+
+    def __init__(self, user: Any) -> None:
+        self.user = user
+        self.name, self.role, self.is_admin = user.name, user.role, user.is_admin
+
+    def get_id(self) -> str:
+        return f"{self.user.session_version}:{self.name}"
+
+
+def _load_session_user(user_id: str) -> SessionUser | None:
+    version, _, name = user_id.partition(":")
+    user = store().get_user(name) if name else None
+    if user is None or str(user.session_version) != version:
+        return None  # logged out elsewhere, or the password changed: this cookie is dead
+    return SessionUser(user)
 
 
 def audit(action: str, target: str, result: str) -> None:
@@ -41,25 +56,12 @@ def audit(action: str, target: str, result: str) -> None:
     g.audited = True
 
 
-def _check_csrf() -> None:
-    sent = request.form.get("csrf_token") or request.headers.get("X-CSRF-Token") or ""
-    expected = session.get("csrf") or ""
-    if not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
-        limiter = current_app.extensions["elastic_throttle"]["csrf_audit"]
-        if not limiter.retry_after(client_address()):
-            limiter.failed(client_address())
-            audit("csrf", request.path, f"denied: missing or wrong CSRF token on {request.method}")
-        abort(400, description="missing or wrong CSRF token: reload the page and try again")
-
-
-def _session_user() -> Any:
-    """The logged-in user, or None when the session is missing or was revoked since."""
-    name = session.get("user")
-    user = store().get_user(name) if isinstance(name, str) else None
-    if user is not None and session.get("ver") != user.session_version:
-        session.clear()  # logged out elsewhere, or the password changed: this cookie is dead
-        return None
-    return user
+def _csrf_failed(exc: CSRFError) -> Any:
+    """Audited (at most CSRF_AUDIT_LIMIT rows per address per window), then the error page."""
+    if current_app.extensions["elastic_throttle"]["csrf_audit"].failed(client_address()):
+        audit("csrf", request.path, f"denied: missing or wrong CSRF token on {request.method} ({exc.description})")
+    return current_app.handle_http_exception(
+        BadRequest(description="missing or wrong CSRF token: reload the page and try again"))
 
 
 def _proxy_user() -> Any:
@@ -78,7 +80,7 @@ def _proxy_user() -> Any:
         entry = pwd.getpwnam(name)
     except KeyError:
         return None
-    return _site_row(entry)
+    return SessionUser(_site_row(entry))
 
 
 def _site_row(entry: pwd.struct_passwd) -> Any:
@@ -92,9 +94,10 @@ def _load_user() -> Response | None:
     if request.blueprint == "api":  # the service's API proves its callers by munge (service.api), not cookies
         g.user = None
         return None
-    g.user = _proxy_user() if current_app.config.get("LOGIN") == "proxy" else _session_user()
-    if request.method == "POST":
-        _check_csrf()
+    g.user = _proxy_user() if current_app.config.get("LOGIN") == "proxy" else \
+        current_user if current_user.is_authenticated else None
+    if request.method == "POST" and request.endpoint not in ("static",):
+        current_app.extensions["csrf"].protect()  # after g.user, so a failure is audited with the user
     if g.user is None and request.endpoint not in PUBLIC_ENDPOINTS:
         target = url_for("auth.login", next=request.full_path.rstrip("?"))
         if is_htmx():  # a redirect would be swapped into the panel; make htmx navigate instead
@@ -174,8 +177,7 @@ def login() -> Any:
     windows["user"].forget(name)
     session.clear()  # new session on login: no fixation, fresh CSRF token
     session.permanent = True  # expires after PERMANENT_SESSION_LIFETIME (the signature's age is checked too)
-    session["user"], session["ver"] = user.name, user.session_version
-    csrf_token()
+    login_user(SessionUser(user))
     return redirect(safe_next(request.form.get("next")))
 
 
@@ -183,11 +185,18 @@ def login() -> Any:
 def logout() -> Any:
     audit("logout", "dashboard", "ok")
     store().revoke_sessions(g.user.name)  # every cookie of this user, including copies, stops working
+    logout_user()
     session.clear()
     return redirect(url_for("auth.login"))
 
 
-def init_app(app: Flask) -> None:
+def init_app(app: Flask, api_blueprint) -> None:
+    logins = LoginManager(app)
+    logins.user_loader(_load_session_user)
+    app.config.update(WTF_CSRF_TIME_LIMIT=None, WTF_CSRF_CHECK_DEFAULT=False)  # the session's own token, checked
+    csrf = CSRFProtect(app)                                                   # in _load_user (after g.user)
+    csrf.exempt(api_blueprint)
+    app.extensions["csrf"] = csrf
+    app.register_error_handler(CSRFError, _csrf_failed)
     app.before_request(_load_user)
-    app.jinja_env.globals["csrf_token"] = csrf_token
     app.register_blueprint(bp)

@@ -22,7 +22,12 @@ RETRY_S = 30.0  # how long a call waits for a service that refuses connections (
 
 
 class _Refused(Exception):
-    """The service refused the connection: nothing was sent."""
+    """The service refused the connection, or the call (429: too many calls from this address); nothing
+    was done. `wait`: what the service asked to wait (Retry-After), if it said."""
+
+    def __init__(self, wait: float | None = None) -> None:
+        super().__init__()
+        self.wait = wait
 
 
 def is_service_url(url: str | None) -> bool:
@@ -38,18 +43,20 @@ class ServiceStore:
         self.timeout, self.socket = timeout, socket
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """One call; while the service refuses connections (restarting) it is tried again for up to RETRY_S,
-        which is safe because nothing was sent. A call that may have arrived is never repeated."""
+        """One call; while the service refuses connections (restarting) or throttles this address it is tried
+        again for up to RETRY_S, which is safe because nothing was done. A call that may have arrived is never
+        repeated."""
         body = json.dumps({"args": encode(list(args)), "kwargs": encode(kwargs)}).encode()
         deadline, pause = time.monotonic() + RETRY_S, 0.5
         while True:
             try:
                 return self._send(method, body)
-            except _Refused:
+            except _Refused as refused:
                 remaining = deadline - time.monotonic()
+                pause = refused.wait or pause
                 if remaining <= 0:
                     raise ServiceError(f"cannot reach the elastic service at {self.url}: it refused connections "
-                                       f"for {RETRY_S:.0f} s (is `elastic serve` running there? check the URL in "
+                                       f"(or throttled them) for {RETRY_S:.0f} s (is `elastic serve` running there? check the URL in "
                                        "--db / $ELASTIC_DB_URL)") from None
                 time.sleep(min(pause, remaining))
                 pause = min(pause * 2, 5.0)
@@ -62,6 +69,8 @@ class ServiceStore:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return decode(json.load(resp)["result"])
         except urllib.error.HTTPError as exc:
+            if exc.code == 429:  # throttled before anything was done (dashboard.throttle): wait as told
+                raise _Refused(float(exc.headers.get("Retry-After") or 1)) from None
             raise self._refusal(method, exc) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)

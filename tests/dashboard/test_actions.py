@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from db import Store
+from tests.dashboard.conftest import csrf_of
 from tests.db.backends import both_backends
 from tests.db.seed import spread_llama
 
@@ -81,9 +82,7 @@ def test_login_needs_csrf(anon: Any) -> None:
 
 
 def test_anonymous_post_is_redirected(anon: Any, store: Store) -> None:
-    anon.get("/login")
-    with anon.session_transaction() as sess:
-        token = sess["csrf"]
+    token = csrf_of(anon.get("/login").text)
     resp = anon.post("/jobs/1/suspend", data={"csrf_token": token})
     assert resp.status_code == 302 and "/login" in resp.headers["Location"]
     assert store.pending_requests(1) == []

@@ -11,7 +11,7 @@ import pytest
 
 from dashboard import create_app
 from db import Store
-from tests.dashboard.conftest import SECRET
+from tests.dashboard.conftest import SECRET, csrf_of
 
 USERS = ("elastic-alice", "elastic-bob", "elastic-ops")
 
@@ -45,8 +45,7 @@ def logged_in(app, user: str, pw: str | None = None):
     token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/login").text).group(1)
     resp = client.post("/login", data={"username": user, "password": pw or password(user), "csrf_token": token})
     if resp.status_code == 302:
-        with client.session_transaction() as sess:
-            client.csrf = sess["csrf"]
+        client.csrf = csrf_of(client.get("/").text)
     return client, resp
 
 
