@@ -86,7 +86,8 @@ def _proxy_user() -> Any:
 def _site_row(entry: pwd.struct_passwd) -> Any:
     """The dashboard's row of a Unix user the site proved: admin for members of OPERATORS_GROUP (and root),
     viewer otherwise -- a viewer still acts on the jobs they own (dashboard.actions)."""
-    operator = caller_of(entry.pw_uid, entry.pw_gid, current_app.config.get("OPERATORS_GROUP")).operator
+    operator = caller_of(entry.pw_uid, entry.pw_gid, current_app.config.get("OPERATORS_GROUP"),
+                         current_app.config.get("SLURM_OPERATOR")).operator
     return store().site_user(entry.pw_name, "admin" if operator else "viewer")
 
 

@@ -51,7 +51,8 @@ def _caller(method: str, body: bytes) -> Caller:
     cred = munge.verify(credential.strip(), socket=current_app.config.get("MUNGE_SOCKET"))
     if cred.payload != munge.request_payload(method, body):
         raise munge.CredentialError("the credential was made for another request")
-    return caller_of(cred.uid, cred.gid, current_app.config.get("OPERATORS_GROUP"))
+    return caller_of(cred.uid, cred.gid, current_app.config.get("OPERATORS_GROUP"),
+                     current_app.config.get("SLURM_OPERATOR"))
 
 
 def _job_of(kind: str, ident: Any) -> Job | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -46,7 +47,10 @@ def in_group(user: str, gid: int | None, group: str | None) -> bool:
     return user in entry.gr_mem or (gid is not None and gid == entry.gr_gid)
 
 
-def caller_of(uid: int, gid: int | None, operators_group: str | None) -> Caller:
-    """The caller a proven uid/gid stands for; root is always an operator (as in Slurm)."""
+def caller_of(uid: int, gid: int | None, operators_group: str | None,
+              slurm_operator: Callable[[str], bool] | None = None) -> Caller:
+    """The caller a proven uid/gid stands for: an operator when root (as in Slurm), a member of the operators
+    group, or an Operator/Administrator in Slurm's accounting (`slurm_operator`, where sacctmgr answers)."""
     name = user_name(uid)
-    return Caller(name, uid, operator=uid == 0 or in_group(name, gid, operators_group))
+    operator = uid == 0 or in_group(name, gid, operators_group) or bool(slurm_operator and slurm_operator(name))
+    return Caller(name, uid, operator=operator)

@@ -26,7 +26,8 @@ the shared service (several users on one cluster):
   elastic serve --db postgresql://elastic@dbhost/elastic --host 0.0.0.0 --operators-group hpc-ops
   then every user and sbatch script: export ELASTIC_DB_URL=http://SERVICE-HOST:8050
   Each call carries the caller's munge credential (munged runs on every Slurm node): a user may see and
-  resize/suspend/resume their own jobs; members of --operators-group (and root) act on every job and preempt;
+  resize/suspend/resume their own jobs; operators (members of --operators-group, Slurm's Operators and
+  Administrators in sacctmgr's AdminLevel where it answers, and root) act on every job and preempt;
   --private-jobs hides other users' jobs (like Slurm's PrivateData=jobs). Only this process opens the database.
 
 config FILE (TOML; keys: secret_key, db, host, port, threads, secure_cookies, session_lifetime,
@@ -83,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long a login lasts (default 28800 = 8 h)")
     shared = parser.add_argument_group("the shared service's API (who may do what)")
     shared.add_argument("--operators-group", metavar="GROUP", default=None,
-                        help="Unix group whose members may act on every job and preempt (root always may)")
+                        help="Unix group whose members may act on every job and preempt (root, and Slurm's "
+                             "Operators/Administrators in sacctmgr, always may)")
     shared.add_argument("--private-jobs", action="store_true", default=None,
                         help="users see only their own jobs (like Slurm's PrivateData=jobs)")
     shared.add_argument("--munge-socket", metavar="PATH", default=None,
@@ -157,6 +159,36 @@ def slurm_job_uid(slurm_job_id: str) -> int | None:
         return None
 
 
+class SlurmAdminLevel:
+    """Whether Slurm's accounting names a user Operator or Administrator (`sacctmgr show user`), as Slurm's own
+    commands honour it; asked at most once a minute per user. False where sacctmgr does not answer (no slurmdbd):
+    then the operators group alone decides."""
+
+    TTL_S = 60.0
+
+    def __init__(self) -> None:
+        self.known: dict[str, tuple[float, bool]] = {}
+
+    def __call__(self, user: str) -> bool:
+        import shutil
+        import subprocess
+        import time
+
+        now = time.monotonic()
+        if user in self.known and now - self.known[user][0] < self.TTL_S:
+            return self.known[user][1]
+        level = ""
+        if shutil.which("sacctmgr"):
+            try:
+                done = subprocess.run(["sacctmgr", "-nP", "show", "user", user, "format=adminlevel"],
+                                      capture_output=True, text=True, timeout=10)
+                level = done.stdout.strip() if done.returncode == 0 else ""
+            except subprocess.TimeoutExpired:
+                level = ""
+        self.known[user] = (now, level in ("Operator", "Administrator"))
+        return self.known[user][1]
+
+
 def run(args: argparse.Namespace) -> int:
     from dashboard.config import ConfigError, load_config
     from db import DatabaseError
@@ -180,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         if value is not None:
             config[key] = value
     config["SLURM_JOB_UID"] = slurm_job_uid
+    config["SLURM_OPERATOR"] = SlurmAdminLevel()
     config.setdefault("LOGIN", "pam" if args.command == "serve" else "local")
     if config["LOGIN"] not in ("pam", "proxy", "local"):
         raise UsageError(f"login {config['LOGIN']!r}: expected pam, proxy or local")

@@ -199,3 +199,24 @@ def test_users_own_jobs_and_operators_every_job(service, alices_job, slurm_testb
         assert status == 403 and f"Slurm job {sleeper} belongs to uid 0" in answer["error"], answer
     finally:
         subprocess.run(["scancel", sleeper], env=slurm_testbed.env())
+
+
+def test_slurms_own_operators_are_the_services_operators(slurm_testbed, monkeypatch):
+    """sacctmgr's AdminLevel, read from the testbed's real slurmdbd, makes a user an operator of the service."""
+    from launcher.commands.dashboard import SlurmAdminLevel
+    from service.identity import caller_of
+
+    env = slurm_testbed.env()
+    bob = pwd.getpwnam("elastic-bob")
+
+    def sacctmgr(*args: str) -> None:
+        subprocess.run(["sacctmgr", "-i", *args], env=env, capture_output=True, text=True, check=True)
+
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # the service reads sacctmgr with its own environment
+    assert not caller_of(bob.pw_uid, bob.pw_gid, None, SlurmAdminLevel()).operator
+    sacctmgr("add", "user", "elastic-bob", "account=root", "adminlevel=Operator")
+    try:
+        assert caller_of(bob.pw_uid, bob.pw_gid, None, SlurmAdminLevel()).operator
+    finally:
+        sacctmgr("delete", "user", "elastic-bob")
+    assert not caller_of(bob.pw_uid, bob.pw_gid, None, SlurmAdminLevel()).operator
