@@ -79,7 +79,7 @@ class Holdings:
         job without --no-kill ends when any node fails, whatever its replicas (NodeBackend.node_loss_ends_job)."""
         said, ends = survival(current.layout, current.devices, self.nodes_of()), self.backend.node_loss_ends_job
         # the batch node's loss: survived where a successor is queued to resume the job from its safety
-        # checkpoint (launcher.backends.slurm.successor; README, "What a job survives")
+        # checkpoint (launcher.backends.slurm.successor; guide: docs/guides/failures.md)
         return dataclasses.replace(said, batch=self.backend.successor is not None,
                                    **({"node": False, "node_note": ends} if ends else {}))
 

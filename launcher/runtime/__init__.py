@@ -80,7 +80,7 @@ Suspend (`elastic suspend`, USR1 with --on-signal suspend) writes that checkpoin
 boundary and ends the workers; `elastic-launch --resume` goes on from it on any layout.
 
 A program that never calls `runtime.join(...)` runs in RESTART mode (torchrun's contract; see the
-README). One that calls it but never reaches `job.next_step()` is named by the launcher. A restart-mode
+guide's "Restart mode", docs/guides/restart-mode.md). One that calls it but never reaches `job.next_step()` is named by the launcher. A restart-mode
 script may say its progress with `runtime.report_step(step, loss=None)` on rank 0 (launcher.runtime.report:
 `elastic jobs`' STEP, each restart's step and steps run again; a no-op outside elastic-launch).
 """

@@ -200,7 +200,7 @@ def test_uneven_nodes_drawn_to_their_width_with_component_marks(page: Any, serve
 def test_cluster_preempt_dry_run_says_a_leader_component_node_stays(page: Any, server: str, db_url: str,
                                                                     tmp_path: Path) -> None:
     """In Chromium: /cluster's preempt dry run of a2, a node of the heterogeneous job's leader component
-    (which Slurm 22.05 cannot resize, README), says the ranks leave it but it stays allocated, idle, and
+    (which Slurm 22.05 cannot resize, docs/reference/slurm.md), says the ranks leave it but it stays allocated, idle, and
     releases nothing; b2 (component 1, which shrinks) is released."""
     from tests.dashboard.test_hetjob_grid import HET_SPEC
 

@@ -138,7 +138,7 @@ HET_SPEC = {"model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256},
 
 
 def test_preempt_dry_run_shows_only_what_slurm_releases_from_a_heterogeneous_job() -> None:
-    """The dry run against Slurm 22.05's rules as measured on the testbed (README, "Heterogeneous jobs"),
+    """The dry run against Slurm 22.05's rules as measured on the testbed (docs/reference/slurm.md, "Heterogeneous jobs"),
     expected values worked out by hand: on the 4,4,2,2 job (leader component a1 batch host, a2; component 1
     b1 its batch host, b2) a preempt of the leader's a2 moves the ranks off it but Slurm cannot resize the
     leader, so a2 stays allocated, idle, and nothing is released; b2 goes (component 1 shrinks); b1, its
@@ -159,7 +159,7 @@ def test_preempt_dry_run_shows_only_what_slurm_releases_from_a_heterogeneous_job
 
 
 def test_preempt_dry_run_on_the_slurm_view_uses_the_components_slurm_lists() -> None:
-    """On the Slurm view the holders are squeue's records: the README's script (leader component 30 on n3, n4,
+    """On the Slurm view the holders are squeue's records: the guide's script (leader component 30 on n3, n4,
     batch host n3; component 1, job 31, on n1). Preempting n4 releases nothing (the leader cannot be resized);
     preempting n1 cancels component 1 and releases n1."""
     from dashboard.preempt_preview import preview
@@ -205,11 +205,11 @@ def _het_view(records, ranks: dict[str, int], pinned: str, min_nodes: int):
 
 
 def test_shrink_to_min_shows_only_what_slurm_releases_from_a_heterogeneous_job() -> None:
-    """The "shrink to MIN" panel against Slurm 22.05's rules as measured on the testbed (README,
+    """The "shrink to MIN" panel against Slurm 22.05's rules as measured on the testbed (docs/reference/slurm.md,
     "Heterogeneous jobs"): the leader component cannot be resized at all, a non-leader component goes
     whole (scancel) or shrinks (scontrol update) but never loses its batch host. Expected values are
     worked out by hand from those rules."""
-    # the README's script: leader n3, n4 (2 GPUs each, batch host n3), component 1 on n1 (4 GPUs); MIN 1
+    # the guide's script: leader n3, n4 (2 GPUs each, batch host n3), component 1 on n1 (4 GPUs); MIN 1
     gain = _het_view([("30", 0, "n3", {"n3": 2, "n4": 2}), ("31", 1, "n1", {"n1": 4})],
                      {"n1": 4, "n3": 2, "n4": 2}, "n3", 1)
     assert (gain.released, gain.gpus_freed, gain.whole_nodes, gain.stays) == (("n1",), 4, ("n1",), ("n4",))

@@ -3,7 +3,7 @@ exponential decay, SequentialLR) declared to `runtime.join(scheduler=...)`; the 
 compare every step's lr and loss with an uninterrupted run (tests/examples/test_schedule_live.py). With
 --optimizer another torch.optim class trains it, --clip clips the gradients by `job.clip_grad_norm_` and
 --dump-dir saves the whole state around every step (tests/examples/test_optimizers_live.py). With --undeclared
-it makes its scheduler on job.optimizer itself, as the README says not to: a worker that joins at a grow starts
+it makes its scheduler on job.optimizer itself, as the guide says not to: a worker that joins at a grow starts
 that schedule from the beginning, and the runtime stops the job instead of letting the replicas diverge.
 
 Before the runtime carried the optimizer's settings, `join` took no scheduler and `job.optimizer` was a new

@@ -3,8 +3,8 @@
 Pure (no Slurm calls): launcher.backends.slurm.nodes carries the answers out. A job's nodes are held by
 one or more Slurm jobs, each a `Holder`: the launcher's plain job, the components of a
 heterogeneous job (the leader, offset 0, and the others, each with its own job id), and the
-companion jobs a grow submitted. Slurm 22.05 allows different things for each (README,
-"Heterogeneous jobs"): a plain job, a non-leader component or a companion shrinks with
+companion jobs a grow submitted. Slurm 22.05 allows different things for each (the
+guide's reference, docs/reference/slurm.md): a plain job, a non-leader component or a companion shrinks with
 `scontrol update JobId=<its id> NodeList=...` but never loses its batch host; a non-leader
 component or a companion goes as a whole with `scancel <its id>`; the leader component cannot be
 resized at all. Where Slurm refuses, `plan_release` falls back to the nearest thing it allows --

@@ -3,8 +3,8 @@ job over when the batch node (and with it elastic-launch) is lost.
 
 Why not `sbatch --requeue`: on Slurm 22.05 a --no-kill job whose batch node dies is not requeued (Slurm takes
 the node out, kills the batch step, and the job runs on without it), and a job requeued without --no-kill
-waited for minutes with the dead node still listed and lost its GPU bookkeeping (README, "What a job
-survives"). Why not `--dependency=afterany`: that --no-kill job never ends (measured: it ran on, batch step
+waited for minutes with the dead node still listed and lost its GPU bookkeeping (the guide's
+"Failures and what survives"). Why not `--dependency=afterany`: that --no-kill job never ends (measured: it ran on, batch step
 gone, until cancelled). So the successor is a dead man's switch with Slurm as the timer: it is submitted with
 `--begin=now+HOLD_S`, and the launcher pushes its start time back every POSTPONE_S. When the launcher dies,
 nobody pushes; within HOLD_S the successor becomes eligible, starts on whatever nodes the partition has for

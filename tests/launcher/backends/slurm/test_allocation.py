@@ -4,7 +4,7 @@ do with the components of a heterogeneous job.
 The parsers run on output recorded from the testbed in shape 4,4,2,2 (tests/launcher/golden/hetjob_*,
 uneven_*). The `slurm` test checks the same reader against the real testbed, with the GPUs each
 step actually sees (CUDA_VISIBLE_DEVICES of `srun --het-group=i`) as the oracle, and pins down the
-component updates the README's "Heterogeneous jobs" section describes.
+component updates the guide's "Heterogeneous jobs" section (docs/reference/slurm.md) describes.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Allocations are the ones recorded on the testbed (tests/launcher/golden/hetjob_*, uneven_*). The
 expected srun/scontrol/scancel lines are written out by hand from what Slurm 22.05 was seen to
-accept (README, "Heterogeneous jobs"); the real testbed runs them in test_slurm_hetjob.py.
+accept (docs/reference/slurm.md, "Heterogeneous jobs"); the real testbed runs them in test_slurm_hetjob.py.
 """
 from __future__ import annotations
 
