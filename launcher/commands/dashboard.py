@@ -144,6 +144,20 @@ def _manage_users(args: argparse.Namespace, url: str) -> int:
         store.close()
 
 
+def first_run_admin(store) -> None:
+    """With local logins and no user yet, as the demo does: an `admin` with a one-off password printed here
+    (this console only; it goes nowhere else), so the first run needs no second command."""
+    import secrets
+
+    if store.list_users():
+        return
+    password = secrets.token_urlsafe(12)
+    store.add_user("admin", password, "admin")
+    store.audit("cli", "add-user", "user:admin", "ok: role admin, the first run's one-off password")
+    print(f"no dashboard user yet: log in as admin / {password} (a one-off password, shown once; set your own "
+          f"with `elastic dashboard --add-user admin --role admin --replace`)", file=sys.stderr)
+
+
 def slurm_job_uid(slurm_job_id: str) -> int | None:
     """The uid Slurm runs job `slurm_job_id` as, which a launcher's credential must match when it registers the
     job (service.api); None where no Slurm answers here (the service then trusts the credential alone)."""
@@ -228,10 +242,8 @@ def run(args: argparse.Namespace) -> int:
     threads = int(config.get("THREADS") or 8)
     print(f"elastic {args.command} on http://{host}:{port}/ (database {url}, {args.server} server, "
           f"{threads} threads; API at /api/v1 for `--db http://{host}:{port}`)", file=sys.stderr)
-    if not app.extensions["elastic_store"].list_users():  # the login page says it too
-        where = f" --db {url}" if args.db else f" --config {args.config}" if args.config else ""
-        print(f"no dashboard user yet: create one with `elastic dashboard{where} --add-user NAME --role admin` "
-              "(it asks for the password), then log in", file=sys.stderr)
+    if config["LOGIN"] == "local":
+        first_run_admin(app.extensions["elastic_store"])
     try:
         if args.server == "dev":
             app.run(host=host, port=port, threaded=True, debug=False, use_reloader=False)

@@ -107,7 +107,8 @@ def test_migration_page_says_why_bytes_moved_can_exceed_the_state_size(viewer: A
     assert "Moved can exceed the state size: each data-parallel replica" in hint and "(1 + DP)" in hint
 
 
-def test_with_no_user_yet_the_login_page_and_the_server_say_how_to_create_one(tmp_path, monkeypatch, capsys) -> None:
+def test_with_no_user_yet_the_login_page_says_how_and_the_server_makes_a_one_off_admin(tmp_path, monkeypatch,
+                                                                                        capsys) -> None:
     from dashboard import create_app
     from launcher.cli import main
     from tests.dashboard.conftest import SECRET
@@ -119,9 +120,10 @@ def test_with_no_user_yet_the_login_page_and_the_server_say_how_to_create_one(tm
     monkeypatch.setenv("ELASTIC_SECRET_KEY", SECRET)
     monkeypatch.setattr("waitress.serve", lambda app, **kw: None)  # start, print, return at once
     assert main(["dashboard", "--db", url]) == 0
-    assert "no dashboard user yet: create one with `elastic dashboard --db " in capsys.readouterr().err
+    said = re.search(r"log in as admin / (\S+) \(a one-off password", capsys.readouterr().err)
+    assert said, "no one-off password printed"
     store = Store(url)
-    store.add_user("admin", "admin-password", "admin")
+    assert store.verify_user("admin", said.group(1)) is not None and len(store.list_users()) == 1
     store.close()
     page = create_app({"DB_URL": url, "SECRET_KEY": SECRET, "TESTING": True}).test_client().get("/login").text
     assert 'id="no-users"' not in page
