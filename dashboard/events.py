@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from flask import Blueprint, Flask, Response, current_app, stream_with_context
 
+from dashboard.deps import owner_shown, store
+
 if TYPE_CHECKING:
     from db.store import Store
 
@@ -131,7 +133,14 @@ def events() -> Response:
         return Response(status=204)
     cfg = current_app.config
     max_s, ping_s = float(cfg.get("SSE_MAX_SECONDS", 120)), float(cfg.get("SSE_PING_SECONDS", 15))
-    f = feed()
+    f, owner = feed(), owner_shown()
+
+    def hidden(data: dict[str, Any]) -> bool:
+        """Another user's job's event, where the site keeps jobs private from this user."""
+        if owner is None or "job_id" not in data:
+            return False
+        job = store().get_job(data["job_id"])
+        return job is None or job.owner != owner
 
     def stream() -> Iterator[str]:
         try:
@@ -139,9 +148,12 @@ def events() -> Response:
             end = time.monotonic() + max_s
             while (left := end - time.monotonic()) > 0:
                 try:
-                    yield sse(*q.get(timeout=min(ping_s, left)))
+                    name, data = q.get(timeout=min(ping_s, left))
                 except queue.Empty:
                     yield ": ping\n\n"
+                    continue
+                if not hidden(data):
+                    yield sse(name, data)
         finally:
             f.unsubscribe(q)
 

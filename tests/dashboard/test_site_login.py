@@ -4,8 +4,11 @@ and switch the policy of a job; members of the operators group (admins) act on e
 denial is audited with the logged-in user. The oracle is the database: which requests were queued, by whom."""
 from __future__ import annotations
 
+import json
 import pwd
 import re
+import threading
+import time
 
 import pytest
 
@@ -112,3 +115,21 @@ def test_a_trusted_proxys_user_header_only_from_the_proxy(site):
     resp = client.post(f"/jobs/{jobs['elastic-bob']}/shrink", data={"nodes": "1", "csrf_token": token.group(1)},
                        headers={"X-Remote-User": "elastic-alice"}, environ_base=from_proxy)
     assert resp.status_code == 403 and store.pending_requests(jobs["elastic-bob"]) == []
+
+
+def test_private_jobs_keep_other_users_live_events_out_of_the_stream(site):
+    app, store, jobs = site
+    app.config.update(PRIVATE_JOBS=True, SSE_MAX_SECONDS=2.5)
+    alice, _ = logged_in(app, "elastic-alice")
+    stream = alice.get("/events", buffered=False)
+
+    def migrate_both() -> None:
+        time.sleep(0.8)  # after the feed's first look, its baseline
+        for owner in ("elastic-bob", "elastic-alice"):
+            store.start_migration(jobs[owner], "pp1tp1dp2", "pp1tp1dp1", "resize", {}, {})
+
+    threading.Thread(target=migrate_both, daemon=True).start()
+    text = b"".join(stream.response).decode()
+    stream.close()
+    seen = [json.loads(line[6:])["job_id"] for line in text.splitlines() if line.startswith("data: {")]
+    assert seen == [jobs["elastic-alice"]], text
