@@ -72,7 +72,11 @@ class Run:
         return self.store.find_job(self.name)
 
     def resize(self, nodes: int, count: int) -> None:
-        """`elastic resize`, then until the request is carried out (the `count`-th one)."""
+        """`elastic resize` once the job shows its layout (before, the command refuses, as it tells the user:
+        the launcher records a restart-mode world at its first poll after the world formed), then until the
+        request is carried out (the `count`-th one)."""
+        self.wait(lambda: self.job() is not None and self.store.current_rank_map(self.job().id) is not None,
+                  "the job's layout recorded")
         assert elastic(["resize", self.name, "--nodes", str(nodes), "--db", self.url]) == 0
         jid = self.job().id
         self.wait(lambda: len([r for r in self.store.list_requests(jid) if r.status != "pending"]) >= count,
