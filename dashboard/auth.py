@@ -88,7 +88,9 @@ def _site_row(entry: pwd.struct_passwd) -> Any:
     viewer otherwise -- a viewer still acts on the jobs they own (dashboard.actions)."""
     operator = caller_of(entry.pw_uid, entry.pw_gid, current_app.config.get("OPERATORS_GROUP"),
                          current_app.config.get("SLURM_OPERATOR")).operator
-    return store().site_user(entry.pw_name, "admin" if operator else "viewer")
+    role = "admin" if operator else "viewer"
+    known = store().get_user(entry.pw_name)  # a proxied user comes on every request: write only what changed
+    return known if known is not None and known.role == role else store().site_user(entry.pw_name, role)
 
 
 def _load_user() -> Response | None:
@@ -97,7 +99,7 @@ def _load_user() -> Response | None:
         return None
     g.user = _proxy_user() if current_app.config.get("LOGIN") == "proxy" else \
         current_user if current_user.is_authenticated else None
-    if request.method == "POST" and request.endpoint not in ("static",):
+    if request.method == "POST":
         current_app.extensions["csrf"].protect()  # after g.user, so a failure is audited with the user
     if g.user is None and request.endpoint not in PUBLIC_ENDPOINTS:
         target = url_for("auth.login", next=request.full_path.rstrip("?"))

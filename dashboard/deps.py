@@ -28,13 +28,17 @@ def viewer() -> Caller:
     return Caller(g.user.name, -1, operator=g.user.is_admin)
 
 
+def _private() -> bool:
+    return bool(current_app.config.get("PRIVATE_JOBS"))
+
+
 def owner_shown() -> str | None:
     """The owner listings are narrowed to: the user's own jobs where the site keeps jobs private."""
-    return owner_filter(viewer(), bool(current_app.config.get("PRIVATE_JOBS")))
+    return owner_filter(viewer(), _private())
 
 
 def visible(job: "Job | None", what: str) -> "Job":
     """The job, or 404 when there is none or the site keeps it private from this user (as if absent)."""
-    if job is None or not may_see(viewer(), job, bool(current_app.config.get("PRIVATE_JOBS"))):
+    if job is None or not may_see(viewer(), job, _private()):
         abort(404, description=f"no {what}")
     return job

@@ -74,13 +74,19 @@ def _deny(caller: Caller, method: str, job: Job | None, why: str) -> Refused:
     return Refused(403, why)
 
 
-def _checked_job(caller: Caller, method: str, kind: str, ident: Any, write: bool) -> Job:
+def _private() -> bool:
+    """Whether the site hides other users' jobs (PRIVATE_JOBS, like Slurm's PrivateData=jobs)."""
+    return bool(current_app.config.get("PRIVATE_JOBS"))
+
+
+def _checked_job(caller: Caller, method: str, kind: str, ident: Any, action: str | None = None) -> Job:
+    """The job `ident` names (a job, migration or request id): 404 when the caller may not see it, and 403
+    (audited) when `action` is given and the caller may not do it to the job."""
     job = _job_of(kind, ident)
-    private = bool(current_app.config.get("PRIVATE_JOBS"))
-    if job is None or not authz.may_see(caller, job, private):
+    if job is None or not authz.may_see(caller, job, _private()):
         raise Refused(404, f"no {kind} {ident}")
-    if write:
-        decision = authz.may_act(caller, job, "change the records of")
+    if action is not None:
+        decision = authz.may_act(caller, job, action)
         if not decision:
             raise _deny(caller, method, job, decision.why)
     return job
@@ -99,26 +105,20 @@ def _create_job(caller: Caller, args: list, kwargs: dict) -> Any:
 
 
 def _queue_request(caller: Caller, args: list, kwargs: dict) -> Any:
-    job_id, action = args[0], args[1]
-    job = _checked_job(caller, "queue_request", JOB, job_id, write=False)
-    decision = authz.may_act(caller, job, str(action))
-    if not decision:
-        raise _deny(caller, str(action), job, decision.why)
+    job_id, action = args[0], str(args[1])
+    _checked_job(caller, action, JOB, job_id, action)
     return _store().queue_request(job_id, action, args[2], caller.user)
 
 
 def _set_policy(caller: Caller, args: list, kwargs: dict) -> Any:
-    job = _checked_job(caller, "set_policy", JOB, args[0], write=False)
-    decision = authz.may_act(caller, job, "switch the policy of")
-    if not decision:
-        raise _deny(caller, "policy", job, decision.why)
+    _checked_job(caller, "policy", JOB, args[0], "switch the policy of")
     return _store().set_policy(*args, **kwargs)
 
 
 def _audit(caller: Caller, args: list, kwargs: dict) -> Any:
     who, rest = str(args[0]), args[1:4]
-    proven = caller.user if who == caller.user else f"{caller.user} ({who})"
-    return _store().audit(proven[:200], *rest, request.remote_addr)
+    proven = caller.user if who == caller.user else f"{caller.user} ({who})"  # the store clips it to MAX_NAME
+    return _store().audit(proven, *rest, request.remote_addr)
 
 
 def _audit_log(caller: Caller, args: list, kwargs: dict) -> Any:
@@ -126,27 +126,23 @@ def _audit_log(caller: Caller, args: list, kwargs: dict) -> Any:
     target = kwargs.get("target") if "target" in kwargs else (args[1] if len(args) > 1 else None)
     if not (isinstance(target, str) and target.startswith("job:") and target[4:].isdigit()):
         raise Refused(400, "audit_log through the service takes target='job:N' (the dashboard shows the rest)")
-    _checked_job(caller, "audit_log", JOB, int(target[4:]), write=False)
+    _checked_job(caller, "audit_log", JOB, int(target[4:]))
     limit = kwargs.get("limit", args[0] if args else 50)
     return _store().audit_log(limit=min(int(limit), 1000), target=target)
 
 
 def _find_job(caller: Caller, args: list, kwargs: dict) -> Any:
-    ref, private = args[0], bool(current_app.config.get("PRIVATE_JOBS"))
+    ref = args[0]
     job = _store().find_job(ref, owner=caller.user) if isinstance(ref, str) and not ref.isdigit() else None
     job = job or _store().find_job(ref)
-    return job if job is not None and authz.may_see(caller, job, private) else None
+    return job if job is not None and authz.may_see(caller, job, _private()) else None
 
 
 def _listing(method: str) -> Callable[[Caller, list, dict], Any]:
     def call(caller: Caller, args: list, kwargs: dict) -> Any:
-        kwargs["owner"] = authz.owner_filter(caller, bool(current_app.config.get("PRIVATE_JOBS")))
+        kwargs["owner"] = authz.owner_filter(caller, _private())
         return getattr(_store(), method)(*args, **kwargs)
     return call
-
-
-def _take_requests(caller: Caller, args: list, kwargs: dict) -> Any:
-    raise Refused(400, "take_requests is a loop: call take_request until it answers None")
 
 
 SPECIAL: dict[str, Callable[[Caller, list, dict], Any]] = {
@@ -158,13 +154,13 @@ SPECIAL: dict[str, Callable[[Caller, list, dict], Any]] = {
 def _dispatch(caller: Caller, method: str, args: list, kwargs: dict) -> Any:
     if method in SPECIAL:
         return SPECIAL[method](caller, args, kwargs)
-    kind, write = (READS[method], False) if method in READS else (WRITES[method], True)
+    kind, action = (READS[method], None) if method in READS else (WRITES[method], "change the records of")
     if not args:
         raise Refused(400, f"{method} needs a {kind} id")
     try:
-        _checked_job(caller, method, kind, args[0], write)
+        _checked_job(caller, method, kind, args[0], action)
     except Refused as exc:
-        if method in READS and exc.status == 404 and method in ("get_job", "get_migration", "get_request"):
+        if exc.status == 404 and method in ("get_job", "get_migration", "get_request"):
             return None  # as the store answers for an unknown id
         raise
     return getattr(_store(), method)(*args, **kwargs)

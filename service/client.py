@@ -38,9 +38,9 @@ class ServiceStore:
     """Calls the service's /api/v1/<method>; answers and errors as db.Store gives them (NotFoundError,
     ValueError), plus AccessDenied and NotAuthenticated from the service's checks."""
 
-    def __init__(self, url: str, *, timeout: float = TIMEOUT_S, socket: str | None = None) -> None:
+    def __init__(self, url: str, *, timeout: float = TIMEOUT_S) -> None:
         self.url = self.display_url = url.rstrip("/")
-        self.timeout, self.socket = timeout, socket
+        self.timeout = timeout
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """One call; while the service refuses connections (restarting) or throttles this address it is tried
@@ -55,14 +55,15 @@ class ServiceStore:
                 remaining = deadline - time.monotonic()
                 pause = refused.wait or pause
                 if remaining <= 0:
-                    raise ServiceError(f"cannot reach the elastic service at {self.url}: it refused connections "
-                                       f"(or throttled them) for {RETRY_S:.0f} s (is `elastic serve` running there? check the URL in "
-                                       "--db / $ELASTIC_DB_URL)") from None
+                    raise ServiceError(
+                        f"cannot reach the elastic service at {self.url}: it refused connections (or throttled "
+                        f"them) for {RETRY_S:.0f} s (is `elastic serve` running there? check the URL in --db / "
+                        "$ELASTIC_DB_URL)") from None
                 time.sleep(min(pause, remaining))
                 pause = min(pause * 2, 5.0)
 
     def _send(self, method: str, body: bytes) -> Any:
-        credential = munge.mint(munge.request_payload(method, body), socket=self.socket)
+        credential = munge.mint(munge.request_payload(method, body))  # munged's socket: $ELASTIC_MUNGE_SOCKET
         req = urllib.request.Request(f"{self.url}/api/v1/{method}", data=body, method="POST", headers={
             "Content-Type": "application/json", "Authorization": f"MUNGE {credential}"})
         try:

@@ -184,22 +184,17 @@ class SlurmAdminLevel:
         self.known: dict[str, tuple[float, bool]] = {}
 
     def __call__(self, user: str) -> bool:
-        import shutil
-        import subprocess
         import time
 
+        from launcher.backends.slurm.client import SlurmCommands, SlurmError
+
         now = time.monotonic()
-        if user in self.known and now - self.known[user][0] < self.TTL_S:
-            return self.known[user][1]
-        level = ""
-        if shutil.which("sacctmgr"):
+        if user not in self.known or now - self.known[user][0] >= self.TTL_S:
             try:
-                done = subprocess.run(["sacctmgr", "-nP", "show", "user", user, "format=adminlevel"],
-                                      capture_output=True, text=True, timeout=10)
-                level = done.stdout.strip() if done.returncode == 0 else ""
-            except subprocess.TimeoutExpired:
+                level = SlurmCommands(timeout=10).admin_level(user)  # a login waits on it: not long
+            except SlurmError:
                 level = ""
-        self.known[user] = (now, level in ("Operator", "Administrator"))
+            self.known[user] = (now, level in ("Operator", "Administrator"))
         return self.known[user][1]
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from launcher.backends.slurm.allocation import Allocation, parse_show_job_detail
 from launcher.backends.slurm.commands import (
+    build_admin_level_command,
     build_batch_script_command,
     build_cancel_command,
     build_comment_command,
@@ -75,7 +76,7 @@ class SlurmError(RuntimeError):
 
 def _is_read(cmd: Sequence[str]) -> bool:
     """Whether `cmd` only reads Slurm's state (safe to ask twice)."""
-    return cmd[:1] in (["squeue"], ["sinfo"], ["sacct"], ["sdiag"]) or \
+    return cmd[:1] in (["squeue"], ["sinfo"], ["sacct"], ["sdiag"]) or cmd[:3] == ["sacctmgr", "-nP", "show"] or \
         (cmd[:1] == ["scontrol"] and len(cmd) > 1 and cmd[1] in ("show", "--version", "ping"))
 
 
@@ -228,6 +229,12 @@ class SlurmCommands:
         if last is None or now - last[0] > max_age * self.backoff:
             last = self._reads[what] = (now, read())
         return list(last[1])
+
+    def admin_level(self, user: str) -> str:
+        """`user`'s AdminLevel in Slurm's accounting (None, Operator, Administrator); "" for a user it lacks.
+        SlurmError where sacctmgr cannot answer (no slurmdbd)."""
+        return self._run(build_admin_level_command(user), f"reading {user}'s AdminLevel",
+                         "Slurm's accounting (slurmdbd) must answer sacctmgr").strip()
 
     def release(self) -> tuple[int, int]:
         """The tools' Slurm release, read once (`version`)."""

@@ -98,6 +98,11 @@ def build_show_job_command(job_id: int | str, detail: bool = False) -> list[str]
     return ["scontrol", "show", *(["-d"] if detail else []), "job", str(job_id)]
 
 
+def build_admin_level_command(user: str) -> list[str]:
+    """`sacctmgr show user U format=adminlevel`: None, Operator or Administrator in Slurm's accounting."""
+    return ["sacctmgr", "-nP", "show", "user", user, "format=adminlevel"]
+
+
 def build_squeue_command(job_ids: Sequence[int | str] = (), fmt: str | None = None) -> list[str]:
     """`squeue --json`, optionally limited to some jobs; `fmt` names the JSON format (v0.0.42), where the
     release has named ones (launcher.backends.slurm.slurm_json.json_format)."""
