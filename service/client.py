@@ -6,6 +6,7 @@ the URL (http:// or https://). Users and sbatch scripts hold the service's addre
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -47,7 +48,7 @@ class ServiceStore:
         again for up to RETRY_S, which is safe because nothing was done. A call that may have arrived is never
         repeated."""
         body = json.dumps({"args": encode(list(args)), "kwargs": encode(kwargs)}).encode()
-        deadline, pause = time.monotonic() + RETRY_S, 0.5
+        deadline, pause, said = time.monotonic() + RETRY_S, 0.5, False
         while True:
             try:
                 return self._send(method, body)
@@ -59,6 +60,10 @@ class ServiceStore:
                         f"cannot reach the elastic service at {self.url}: it refused connections (or throttled "
                         f"them) for {RETRY_S:.0f} s (is `elastic serve` running there? check the URL in --db / "
                         "$ELASTIC_DB_URL)") from None
+                if not said:  # say once why the command waits
+                    said = True
+                    print(f"the elastic service at {self.url} refuses connections or throttles them: trying "
+                          f"again for up to {RETRY_S:.0f} s", file=sys.stderr, flush=True)
                 time.sleep(min(pause, remaining))
                 pause = min(pause * 2, 5.0)
 

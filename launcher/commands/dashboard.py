@@ -127,7 +127,12 @@ def _password(from_stdin: bool) -> str:
 def _manage_users(args: argparse.Namespace, url: str) -> int:
     from launcher.errors import UsageError
     from launcher.commands.history import open_store
+    from service.client import is_service_url
 
+    if is_service_url(url):
+        raise UsageError(f"{url} is the shared service, whose users log in with their cluster accounts; dashboard "
+                         "users are kept in the database itself: run this where `elastic serve` runs, with its "
+                         "--db or --config")
     store = open_store(url, create=True)  # the first user may come before the first job
     try:
         if args.add_user:

@@ -14,7 +14,7 @@ from service.codec import CodecError, decode, encode
 from service.errors import ServiceError
 
 
-def test_a_service_that_refuses_connections_is_waited_for_then_named(monkeypatch):
+def test_a_service_that_refuses_connections_is_waited_for_then_named(monkeypatch, capsys):
     monkeypatch.setattr(client, "RETRY_S", 1.5)
     monkeypatch.setattr(client.munge, "mint", lambda payload, **kw: "MUNGE:test")
     store = client.ServiceStore(f"http://127.0.0.1:{free_port()}")
@@ -22,6 +22,7 @@ def test_a_service_that_refuses_connections_is_waited_for_then_named(monkeypatch
     with pytest.raises(ServiceError, match=r"refused connections .* for .*\(is `elastic serve` running"):
         store.find_job("x")
     assert time.monotonic() - began >= 1.0  # it waited and tried again before giving up
+    assert capsys.readouterr().err.count("refuses connections or throttles them: trying again") == 1
 
 
 def test_every_record_of_a_real_store_crosses_the_wire_unchanged(tmp_path):
@@ -42,3 +43,10 @@ def test_every_record_of_a_real_store_crosses_the_wire_unchanged(tmp_path):
         encode(object())
     with pytest.raises(CodecError):
         decode({"$rec": "Popen", "v": {}})
+
+
+def test_dashboard_users_are_not_added_through_the_service(capsys):
+    from launcher.cli import main
+
+    assert main(["dashboard", "--db", "http://127.0.0.1:9", "--add-user", "x", "--password-stdin"]) == 2
+    assert "is the shared service" in capsys.readouterr().err

@@ -84,6 +84,7 @@ def test_scontrol_show_job_of_each_release(release: str) -> None:
     info = parse_scontrol_show_job((GOLDEN / release / "show_job_plain.txt").read_text())
     assert (info.job_id, info.state, info.nodes, info.batch_host, info.num_nodes) == \
         (ids["plain"], "RUNNING", ["n1", "n2"], "n1", 2)
+    assert info.user_id == 0  # scripts/capture-slurm-output.py submits as root (the service checks owners by it)
 
 
 def _shape(release: str, kind: str) -> dict:
