@@ -42,6 +42,7 @@ class LiveMode:
         self.suspended = False
         self.ckpt_dir = ""  # the job's checkpoint folder (launcher.loop.start_request.checkpoint_dir)
         self.probe = NodeProbe(workers.backend, self, holdings, self.log)  # a node gone without a word
+        self.survival_said = ""  # what the running layout survives, as last said on the console
 
     def max_step(self) -> int:
         devs = list(self.current.devices) if self.current else []
@@ -131,7 +132,8 @@ class LiveMode:
         leaving = [n for n in before if n not in target]
         t0 = time.perf_counter()
         try:
-            e, results = self._run(new, target, failed, new_nodes, leaving, trigger, ready_timeout, note)
+            e, results = self._run(out.migration_id, new, target, failed, new_nodes, leaving, trigger, ready_timeout,
+                                    note)
         except MigrationFailed as exc:
             self.workers.kill(new_nodes)
             ended = isinstance(exc, TrainingEnded)  # declined: the old layout's workers have exited
@@ -158,7 +160,7 @@ class LiveMode:
                                                   failed, unusable))
         return new, live_plan.plan_bytes(spec, self.current, new, failed)
 
-    def _run(self, new, target, failed, new_nodes, leaving, trigger, ready_timeout, note):
+    def _run(self, migration_id, new, target, failed, new_nodes, leaving, trigger, ready_timeout, note):
         """Start the new nodes' workers, post the `reshard` event, wait for every participant's result."""
         old = self.current
         if new_nodes:
@@ -173,7 +175,8 @@ class LiveMode:
                        "curr": {"layout": str(new.layout), "devices": list(new.devices)},
                        "exit_ok": sorted(d for n in leaving for d in nd(n)),
                        "exit_fail": sorted(d for n in new_nodes for d in nd(n))})
-        self.log(f"event {e}: {old.layout} -> {new.layout} on {','.join(target)} ({trigger})")
+        self.log(f"migration {migration_id} starts (event {e}): {old.layout} -> {new.layout} on {','.join(target)} "
+                 f"({trigger})")
         return e, self.results(e, parts)
 
     def _commit(self, out, new, e, results, failed, before, leaving, t0) -> Outcome:
@@ -210,10 +213,12 @@ class LiveMode:
 
     # -- what the job runs on, said ------------------------------------------------------------------
     def record_survival(self) -> None:
-        """Say what the running layout survives (the loss of one process, of one node): in the log, the
-        audit log, and the job's launch spec (which the dashboard reads)."""
+        """Say what the running layout survives (the loss of one process, of one node): in the audit log and
+        the job's launch spec (which the dashboard reads) after every move; on the console when it changed."""
         said = self.holdings.survival(self.current).describe()
-        self.log(f"job {self.recorder.job_id}: {self.current.layout} {said}")
+        if said != self.survival_said:
+            self.log(f"job {self.recorder.job_id}: {self.current.layout} {said}")
+            self.survival_said = said
         self.recorder.audit("survival", f"{self.current.layout} {said}")
         if self.holdings.model is not None:  # the dashboard's dry run plans the reference GPT only
             self.recorder.db.set_launch_spec(self.recorder.job_id, self.holdings.launch_spec(self.current))

@@ -12,7 +12,7 @@ class _Pending:
     migration_id: int
     old_world: str
     new_world: str
-    outcome: object  # the launcher's Outcome, given its pause_s once known
+    outcome: object  # the launcher's Outcome (launcher.loop.outcome), given its pause_s once known
 
 
 class PendingPauses:
@@ -39,6 +39,6 @@ class PendingPauses:
             db.set_pause(p.migration_id, pause)
             p.outcome.pause_s = pause
             if log is not None:
-                log(f"migration {p.migration_id}: training paused {pause:.3f} s "
-                    f"(last step of {p.old_world} to the first of {p.new_world})")
+                log(f"migration {p.migration_id}: training paused {pause:.3f} s (last step on "
+                    f"{p.outcome.from_layout} to the first on {p.outcome.to_layout})")
         self.items = left

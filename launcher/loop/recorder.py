@@ -80,7 +80,8 @@ class Recorder:
         return self.keep(out)
 
     def done(self, out: Outcome) -> Outcome:
-        self.log(out.message)
+        """Say the outcome, numbered as `elastic history` and the pause line number it."""
+        self.log(out.message if out.migration_id is None else f"migration {out.migration_id}: {out.message}")
         return self.keep(out)
 
     def keep(self, out: Outcome) -> Outcome:

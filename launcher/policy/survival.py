@@ -28,14 +28,26 @@ class Survival:
     batch: bool | None = None  # the node running elastic-launch lost: requeued, resumed from a safety checkpoint
 
     def describe(self) -> str:
-        say = {True: "survives", False: "does not survive"}
-        text = (f"{say[self.process]} the loss of any one process, {say[self.node]} the loss of any one node"
-                + (f" ({self.node_note})" if self.node_note else ""))
-        return text + ("" if self.batch is None else f", {say[self.batch]} the loss of the batch node")
+        """One clause a user reads at a glance: what is survived first, then what is not."""
+        losses = [("any one process", self.process),
+                  ("any one node" + (f" ({self.node_note})" if self.node_note else ""), self.node)]
+        losses += [] if self.batch is None else [("the batch node", self.batch)]
+        kept, lost = [name for name, ok in losses if ok], [name for name, ok in losses if not ok]
+        if not kept:
+            return f"does not survive the loss of {_either(lost)}"
+        return f"survives the loss of {_and(kept)}" + (f"; not of {_either(lost)}" if lost else "")
 
     def as_dict(self) -> dict[str, bool | str]:
         return {"process": self.process, "node": self.node, **({"node_note": self.node_note} if self.node_note else {}),
                 **({} if self.batch is None else {"batch": self.batch})}
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _either(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def holders(layout, devices: Sequence[int]) -> dict[int, set[int]]:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from launcher.policy.survival import DEFAULT_CHECKPOINT_EVERY, auto_checkpoint_every, survival
+from launcher.policy.survival import DEFAULT_CHECKPOINT_EVERY, Survival, auto_checkpoint_every, survival
 from migrate.layout import ParallelConfig
 
 TWO_BY_TWO = {0: "a", 1: "a", 2: "b", 3: "b"}
@@ -26,7 +26,21 @@ TWO_BY_TWO = {0: "a", 1: "a", 2: "b", 3: "b"}
 def test_survival_by_hand(layout, devices, process, node) -> None:
     got = survival(ParallelConfig.parse(layout), devices, TWO_BY_TWO)
     assert (got.process, got.node) == (process, node)
-    assert ("does not survive the loss of any one node" in got.describe()) == (not node)
+    assert got.describe() == SAID[(process, node)]
+
+
+SAID = {(True, True): "survives the loss of any one process and any one node",
+        (True, False): "survives the loss of any one process; not of any one node",
+        (False, False): "does not survive the loss of any one process or any one node"}
+
+
+def test_what_a_layout_survives_is_said_in_one_clause_with_the_batch_node_and_the_allocations_terms() -> None:
+    assert Survival(True, True, batch=True).describe() == \
+        "survives the loss of any one process, any one node and the batch node"
+    assert Survival(True, False, node_note="a Slurm step ends", batch=False).describe() == \
+        "survives the loss of any one process; not of any one node (a Slurm step ends) or the batch node"
+    assert Survival(False, False, batch=False).describe() == \
+        "does not survive the loss of any one process, any one node or the batch node"
 
 
 def test_default_checkpoints_only_where_a_node_loss_would_cost_the_job() -> None:
