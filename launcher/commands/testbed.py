@@ -39,8 +39,9 @@ ACTIONS = ("up", "down", "status", "crash", "revive", "run")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=ACTIONS,
-                        help="bring the cluster up, down, or report its state; `crash NODE` kills a node's slurmd, "
+    parser.add_argument("action", nargs="?", default="status", choices=ACTIONS,
+                        help="bring the cluster up, down, or report its state (the default: which releases run, "
+                             "their nodes); `crash NODE` kills a node's slurmd, "
                              "step daemons and tasks as a crash would, `revive NODE` starts its slurmd again; "
                              "`run -- CMD ...` runs a command where the --slurm release's clients are (its root)")
     parser.add_argument("node", nargs="?", metavar="NODE", help="crash/revive only: the node, e.g. n2")

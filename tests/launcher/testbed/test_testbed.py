@@ -64,6 +64,8 @@ def test_up_is_idempotent_and_cli_reports_up(slurm_testbed: Testbed, capsys) -> 
     assert slurm_testbed.daemon_pids() == pids  # a second up() starts nothing new
     assert cli_main(["testbed", "status", "--root", str(slurm_testbed.root)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"export SLURM_CONF={slurm_testbed.slurm_conf}"
+    assert cli_main(["testbed", "--root", str(slurm_testbed.root)]) == 0  # no action: the status, as above
+    assert capsys.readouterr().out.splitlines()[-2].startswith("up: Slurm ")
 
 
 def test_job_runs_on_four_nodes(backend: SlurmCommands, job: dict) -> None:
