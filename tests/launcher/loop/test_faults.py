@@ -34,7 +34,10 @@ def reference_losses(steps: int) -> list[float]:
 
 
 def read_losses(path) -> list[tuple[int, float, str]]:
-    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+    """(step, loss, layout) of every whole line written so far (a job still running, or one cancelled, may
+    have left a line half written)."""
+    text = path.read_text() if path.exists() else ""
+    rows = [line.split() for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
     return [(int(s), float(v), lay) for s, v, lay in rows]
 
 
