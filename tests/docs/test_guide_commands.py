@@ -8,7 +8,8 @@ show is said by an HTML comment before each block (tests/docs/guide_blocks.py li
 expectations are facts the page states (the job finished on a layout, a migration was bit-exact, every
 step ran once), so a product change that makes the page wrong fails here.
 
-Blocks that need a Slurm cluster (sbatch scripts, `--backend slurm`) are not run: they are marked `parse`,
+The Get-started page of a first Slurm job (ON_THE_TESTBED) runs as written on the real Slurm testbed. Blocks of
+the other pages that need a Slurm cluster (sbatch scripts, `--backend slurm`) are not run: they are marked `parse`,
 and every `elastic-launch` and `elastic` command line in them is parsed by the real argparse parsers (and
 `elastic-launch`'s flags checked by launcher.options.options_from_args, which refuses a layout list the node
 range cannot take); the Slurm testbed runs the same scripts in tests/examples/test_slurm_examples.py.
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.policybench.replay import wait_until
 from tests.docs.guide_blocks import NEEDS_MARK, Block, blocks, commands
 from tests.paths import ROOT
 
@@ -34,6 +36,8 @@ DOCS = ROOT / "docs"
 TESTED = sorted(str(p.relative_to(DOCS)) for p in [*DOCS.glob("get-started/*.md"), *DOCS.glob("guides/*.md")])
 BIN = Path(sys.executable).parent
 WAIT_S = 180  # a `wait=` condition, a background block's end
+#: pages that submit sbatch jobs: run on the Slurm testbed (test_slurm_page_commands_run_on_the_testbed)
+ON_THE_TESTBED = {"get-started/first-slurm-job.md"}
 
 
 def page_blocks(name: str) -> list[Block]:
@@ -102,7 +106,7 @@ class Page:
             running = any(p.poll() is None for _, p, _ in self.background)
             if subprocess.run(["bash", "-c", block.wait], cwd=self.folder, env=self.env).returncode == 0:
                 return
-            if not running:
+            if self.background and not running:
                 pytest.fail(f"{block.where()}: waiting for `{block.wait}`, but the background blocks ended:\n"
                             f"{self.outputs()}")
             assert time.monotonic() < deadline, f"{block.where()}: `{block.wait}` not true after {WAIT_S} s"
@@ -172,8 +176,32 @@ def check_program(program: list[str], block: Block) -> None:
         assert (ROOT / program[1]).is_file(), f"{block.where()}: {program[1]} does not exist"
 
 
-@pytest.mark.parametrize("name", [*TESTED, "README.md"])
+@pytest.mark.parametrize("name", [*(n for n in TESTED if n not in ON_THE_TESTBED), "README.md"])
 def test_page_commands_run(name: str, tmp_path: Path) -> None:
+    run_page(name, tmp_path)
+
+
+@pytest.mark.slurm
+@pytest.mark.slurm_host  # the page's `elastic testbed up` is the host's release, the one a newcomer gets
+@pytest.mark.parametrize("name", sorted(ON_THE_TESTBED))
+def test_slurm_page_commands_run_on_the_testbed(name: str, tmp_path: Path, slurm_testbed) -> None:
+    """A page that submits to the Slurm testbed, on the real one: its blocks run in a shell pointed at it (the
+    page's `eval "$(elastic testbed up)"`, which only lasts its own block here)."""
+    before = set(slurm_jobs(slurm_testbed))
+    try:
+        run_page(name, tmp_path, {"SLURM_CONF": str(slurm_testbed.slurm_conf)})
+    finally:  # the page's jobs (and their companions) end with it: the next Slurm test gets every node idle
+        if left := set(slurm_jobs(slurm_testbed)) - before:
+            subprocess.run(["scancel", *left], env=slurm_testbed.env(), check=False)
+        wait_until("every testbed node idle", lambda: set(slurm_testbed.node_states().values()) == {"idle"}, 120)
+
+
+def slurm_jobs(testbed) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], env=testbed.env(), capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def run_page(name: str, tmp_path: Path, env: dict[str, str] | None = None) -> None:
     todo = [b for b in page_blocks(name) if b.kind in ("run", "file", "parse")]
     if not any(b.kind == "run" for b in todo):
         for block in todo:
@@ -181,6 +209,7 @@ def test_page_commands_run(name: str, tmp_path: Path) -> None:
                 check_parse(block, tmp_path)
         return
     page = Page(tmp_path / "clone")
+    page.env.update(env or {})
     try:
         for block in todo:
             if block.kind == "file":
