@@ -64,6 +64,7 @@ class ElasticJob:
     held_nodes: tuple[str, ...] = ()  # nodes the job holds (ranks or not), in its own order
     node_gpus: Mapping[str, int] = field(default_factory=dict)  # node -> its GPUs (uneven nodes; else gpus_per_node)
     components: Mapping[str, int] = field(default_factory=dict)  # node -> het-job component (0: a plain job)
+    owner: str = ""  # the Unix user whose launcher created it ("" where it predates owners)
 
     def gpus_on(self, node: str) -> int:
         return self.node_gpus.get(node) or self.gpus_per_node
@@ -82,7 +83,9 @@ class ElasticJob:
 @dataclass(frozen=True)
 class GpuCell:
     index: int
-    kind: str  # idle | elastic (an elastic rank) | held (an elastic job's GPU without a rank) | job (non-elastic)
+    # idle | elastic (an elastic rank) | held (an elastic job's GPU without a rank) | job (non-elastic) | other
+    # (another user's job, where the site keeps jobs private: dashboard.cluster_privacy)
+    kind: str
     job: str = ""  # Slurm job id (or our job name on the local backend)
     job_name: str = ""
     elastic_id: int | None = None
@@ -91,6 +94,7 @@ class GpuCell:
     tp: int | None = None
     dp: int | None = None
     layout: str = ""
+    user: str = ""  # whose job holds the GPU: Slurm's user name, or the elastic job's owner on the local view
 
 
 @dataclass(frozen=True)
@@ -241,8 +245,8 @@ def node_marks(state: str, flags: Iterable[str], reserved: bool) -> tuple[str, .
     return tuple(dict.fromkeys(marks))
 
 
-def _rank_cell(index: int, job_key: str, job: ElasticJob, e: RankEntry) -> GpuCell:
-    return GpuCell(index, "elastic", job_key, job.name, job.id, e.virtual_rank, e.pp, e.tp, e.dp, job.layout)
+def _rank_cell(index: int, job_key: str, job: ElasticJob, e: RankEntry, user: str) -> GpuCell:
+    return GpuCell(index, "elastic", job_key, job.name, job.id, e.virtual_rank, e.pp, e.tp, e.dp, job.layout, user)
 
 
 def elastic_owner(slurm_id: str, slurm_name: str, jobs: Sequence[ElasticJob],
@@ -279,11 +283,11 @@ def build_from_slurm(snapshot, jobs: Sequence[ElasticJob], partitions: Iterable[
             ranks = {e.gpu: e for e in owner.entries if e.node == node} if owner else {}
             for k, gpu in enumerate(idx):
                 if owner is None:
-                    cell = GpuCell(gpu, "job", sj.job_id, sj.name)
+                    cell = GpuCell(gpu, "job", sj.job_id, sj.name, user=sj.user)
                 elif k in ranks:
-                    cell = _rank_cell(gpu, sj.job_id, owner, ranks[k])
+                    cell = _rank_cell(gpu, sj.job_id, owner, ranks[k], sj.user)
                 else:
-                    cell = GpuCell(gpu, "held", sj.job_id, owner.name, owner.id, layout=owner.layout)
+                    cell = GpuCell(gpu, "held", sj.job_id, owner.name, owner.id, layout=owner.layout, user=sj.user)
                 cells.setdefault(node, {})[gpu] = cell
     views = []
     for n in snapshot.nodes:
@@ -325,9 +329,9 @@ def build_local(jobs: Sequence[ElasticJob], failed_nodes: Iterable[str] = ()) ->
             for gpu in range(job.gpus_on(node)):
                 e = ranks.get((node, gpu))
                 if e is not None:
-                    here[gpu] = _rank_cell(gpu, key, job, e)
+                    here[gpu] = _rank_cell(gpu, key, job, e, job.owner)
                 elif gpu not in here and node in job.held_nodes and not any(n == node for n, _ in ranks):
-                    here[gpu] = GpuCell(gpu, "held", key, job.name, job.id, layout=job.layout)
+                    here[gpu] = GpuCell(gpu, "held", key, job.name, job.id, layout=job.layout, user=job.owner)
     views = [NodeView(n, "down" if n in failed else "up", ("down",) if n in failed else (),
                       tuple(cells[n].get(g, GpuCell(g, "idle")) for g in range(width[n])),
                       components=tuple(marks.get(n, ())))

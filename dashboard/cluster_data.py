@@ -39,7 +39,7 @@ def elastic_jobs(store: "Store") -> list[ElasticJob]:
         out.append(ElasticJob(job.id, job.name, job.slurm_job_id, rank_map.layout if rank_map else job.layout,
                               job.gpus_per_node, job.pinned_node, int(spec.get("min_nodes") or job.min_nodes or 1),
                               rank_map.entries if rank_map else (), held, {n.name: n.gpus for n in nodes},
-                              {n.name: n.component for n in nodes}))
+                              {n.name: n.component for n in nodes}, job.owner or ""))
     return out
 
 

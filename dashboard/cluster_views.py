@@ -11,7 +11,8 @@ from flask import Blueprint, Flask, abort, current_app, g, render_template, requ
 from dashboard.cluster import ClusterView, ElasticJob
 from dashboard.auth import admin_required
 from dashboard.cluster_data import ClusterSource, elastic_jobs
-from dashboard.deps import is_htmx, store, visible
+from dashboard.cluster_privacy import view_for
+from dashboard.deps import is_htmx, owner_shown, store, visible
 from dashboard.linechart import LineChart, line_chart
 from dashboard.policy_panel import opportunistic_nodes, policy_decisions, policy_rows
 from dashboard.preempt_preview import preview
@@ -49,10 +50,13 @@ def job_classes(view: ClusterView) -> dict[str, str]:
 
 def cluster_context() -> dict[str, Any]:
     view, warning = source().view()
-    policies = policy_rows(store(), view)
+    policies, user = policy_rows(store(), view), owner_shown()
+    if user is not None:  # the site keeps jobs private: this user's own, and other GPUs only as taken
+        own = {j.id for j in store().list_jobs(owner=user)}
+        view, policies = view_for(view, user, own), [p for p in policies if p.job_id in own]
     return {"view": view, "warning": warning, "f": view.fragmentation, "history": history_chart(),
             "job_class": job_classes(view), "policies": policies, "above_min": opportunistic_nodes(policies),
-            "decisions": policy_decisions(store())}
+            "decisions": policy_decisions(store(), user)}
 
 
 @bp.get("/cluster")

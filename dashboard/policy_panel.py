@@ -64,7 +64,7 @@ def opportunistic_nodes(rows: Sequence[PolicyRow]) -> dict[str, str]:
     return {n: r.name for r in rows for n in r.above_min}
 
 
-def policy_decisions(store: "Store") -> list[dict[str, Any]]:
-    """The policy's resizes across every job, newest first (history rows: trigger `policy`, the reason in
-    their notes)."""
-    return store.history(trigger="policy", limit=DECISIONS_SHOWN)
+def policy_decisions(store: "Store", owner: str | None = None) -> list[dict[str, Any]]:
+    """The policy's resizes across every job (of `owner`'s only, when given), newest first (history rows:
+    trigger `policy`, the reason in their notes)."""
+    return store.history(trigger="policy", limit=DECISIONS_SHOWN, owner=owner)

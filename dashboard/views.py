@@ -11,6 +11,7 @@ from flask import Blueprint, Flask, Response, abort, current_app, g, render_temp
 
 from dashboard import charts
 from dashboard.auth import audit
+from dashboard.cluster_privacy import placement_for
 from dashboard.deps import is_htmx, owner_shown, store, visible
 from dashboard.timeline import pause_of, timeline
 from db.survival import survival_of
@@ -67,6 +68,8 @@ def _job_panels(job_id: int) -> dict[str, Any]:
         placement = store().placement(job_id)
     except LookupError:
         abort(404, description=f"no job {job_id}")
+    if (user := owner_shown()) is not None:
+        placement = placement_for(placement, {j.name for j in store().list_jobs(owner=user)})
     marked, steps = store().recent_migrations(job_id, 50), store().steps(job_id)  # marked on the loss chart
     loss = [s.loss for s in steps if s.loss is not None]
     return {"p": placement, "job": placement["job"], "migrations": marked[:5],

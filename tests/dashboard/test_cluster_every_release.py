@@ -47,5 +47,10 @@ def test_the_cluster_page_shows_every_node_and_job_of_this_release(slurm_testbed
         assert page.status_code == 200, page.text[-2000:]
         for name in [*slurm_testbed.nodes, "every-plain", "every-het"]:
             assert name in page.text, name
+        # each job's Slurm user, which a site that keeps jobs private shows its owner alone (sbatch ran as root)
+        assert {j.user for j in [jobs[plain], *parts]} == {"root"}
+        app.config["PRIVATE_JOBS"] = True
+        private = client.get("/cluster").text
+        assert "every-plain" not in private and "every-het" not in private and 'data-kind="other"' in private
     finally:
         subprocess.run(["scancel", plain, het], env={**os.environ, **env}, capture_output=True)

@@ -38,7 +38,7 @@ def site(tmp_path):
         store.record_rank_map(jobs[owner], 0, "pp1tp1dp2", [
             {"virtual_rank": r, "node": f"n{r + 1}", "gpu": 0, "pp": 0, "dp": r, "tp": 0} for r in range(2)])
     app = create_app({"DB_URL": url, "SECRET_KEY": SECRET, "TESTING": True, "LOGIN": "pam",
-                      "OPERATORS_GROUP": "elastic-operators"})
+                      "OPERATORS_GROUP": "elastic-operators", "CLUSTER_SOURCE": "local"})
     yield app, store, jobs
     store.close()
 
@@ -98,6 +98,29 @@ def test_private_jobs_hide_other_users_jobs_but_not_from_operators(site, tmp_pat
     assert "elastic-bob-train" in ops.get("/").text and ops.get(f"/jobs/{jobs['elastic-bob']}").status_code == 200
     app.config["PRIVATE_JOBS"] = False
     assert "elastic-bob-train" in alice.get("/").text
+
+
+def test_private_jobs_leave_other_users_gpus_on_the_cluster_grid_and_job_pages_unnamed(site):
+    """Alice's and Bob's jobs share node n5, a GPU each: with private jobs Alice's /cluster shows Bob's GPU as in
+    use, with nothing of his job (id, name, layout, policy), and her job page does not name his job; an
+    operator sees both."""
+    app, store, _ = site
+    app.config["PRIVATE_JOBS"] = True
+    shared = {}
+    for gpu, owner in enumerate(("elastic-alice", "elastic-bob")):
+        shared[owner] = store.create_job(f"{owner}-n5", "pp1tp1dp1", 2, 1, nodes=["n5"], owner=owner)
+        store.record_rank_map(shared[owner], 0, "pp1tp1dp1",
+                              [{"virtual_rank": 0, "node": "n5", "gpu": gpu, "pp": 0, "dp": 0, "tp": 0}])
+    alice, _ = logged_in(app, "elastic-alice")
+    grid = alice.get("/cluster").text
+    assert "elastic-alice-n5" in grid and "elastic-bob" not in grid, grid
+    assert grid.count('data-kind="other"') == 3  # Bob's GPU on n5 and his first job's on n1 and n2
+    page = alice.get(f"/jobs/{shared['elastic-alice']}").text
+    assert "another user&#39;s job" in page and "elastic-bob" not in page
+    ops, _ = logged_in(app, "elastic-ops")
+    grid = ops.get("/cluster").text
+    assert "elastic-bob-n5" in grid and 'data-kind="other"' not in grid
+    assert "elastic-bob-n5" in ops.get(f"/jobs/{shared['elastic-alice']}").text
 
 
 def test_a_trusted_proxys_user_header_only_from_the_proxy(site):
