@@ -25,7 +25,7 @@ class JobPreview:
     keep: tuple[str, ...]
     from_layout: str
     to_layout: str = ""
-    bytes_moved: int | None = None
+    bytes_moved: int | None = None  # None: the job's own model, which only its launcher plans
     bytes_checkpoint: int | None = None
     nodes_released: tuple[str, ...] = ()  # picked nodes Slurm would take back
     stays: tuple[str, ...] = ()  # picked nodes left without ranks that Slurm would not take back (allocated, idle)
@@ -68,12 +68,16 @@ def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str
     why = validate(job, list(leaving))
     if why:
         return refuse(why)
-    if not spec or not spec.get("model"):
+    if not spec:
         return refuse("no launch spec recorded for this job (launched by an older launcher): no dry run")
     devices = sum(job.gpus_on(n) for n in keep)  # nodes may differ (uneven nodes)
     target = (spec.get("layouts") or {}).get(str(devices))
     if not target:
         return refuse(f"the job's policy has no layout for {devices} devices")
+    if not spec.get("model"):  # the script's own model (runtime API): its launcher plans the bytes, not this
+        stays, notes = slurm_keeps(job, leaving, holders)
+        return JobPreview(job.id, job.name, leaving, keep, job.layout, target, None, None,
+                          tuple(n for n in leaving if n not in stays), tuple(n for n in leaving if n in stays), notes)
     topo = Topology(tuple(Device(i, n, g) for i, (n, g) in
                           enumerate((n, g) for n in held for g in range(job.gpus_on(n)))), frozenset(keep))
     index = {(d.node, d.gpu): d.id for d in topo.devices}

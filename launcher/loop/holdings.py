@@ -99,10 +99,11 @@ class Holdings:
         return ", ".join(f"{n} node{'s' if n != 1 else ''}: {layout}" for n, _d, layout in self.layout_choices())
 
     def launch_spec(self, current) -> dict:
-        """What the dashboard's dry run of a preempt needs without importing the launcher: the model,
-        the node range, and the layout this job's policy picks for every node count in it."""
+        """What the dashboard's dry run of a preempt needs without importing the launcher: the model (None for
+        a script's own model: no dry run), the node range, and the layout this job's policy picks for every node
+        count in it; and what the running layout survives, which `elastic jobs` and the job page show."""
         layouts = {str(devices): str(layout) for _n, devices, layout in self.layout_choices()}
-        return {"model": self.model.flags(), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
+        return {"model": None if self.model is None else self.model.flags(), "min_nodes": self.opts.min_nodes, "max_nodes": self.opts.max_nodes,
                 "gpus_per_node": self.gpn, "layouts": layouts, "placement": self.opts.placement,
                 "checkpoint_every": self.opts.checkpoint_every, "survives": self.survival(current).as_dict()}
 

@@ -220,8 +220,7 @@ class LiveMode:
             self.log(f"job {self.recorder.job_id}: {self.current.layout} {said}")
             self.survival_said = said
         self.recorder.audit("survival", f"{self.current.layout} {said}")
-        if self.holdings.model is not None:  # the dashboard's dry run plans the reference GPT only
-            self.recorder.db.set_launch_spec(self.recorder.job_id, self.holdings.launch_spec(self.current))
+        self.recorder.db.set_launch_spec(self.recorder.job_id, self.holdings.launch_spec(self.current))
 
     # -- the end --------------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -74,3 +74,17 @@ def test_dry_run_refuses_the_batch_node_unknown_nodes_and_viewers(two_node_app: 
     viewer.csrf = login(viewer, "viewer")
     assert _preview(viewer, ["n2"]).status_code == 403
     assert 'id="preempt-pick"' not in viewer.get("/cluster").text
+
+
+def test_a_job_of_a_scripts_own_model_gets_its_layout_and_release_but_no_byte_count_and_can_be_confirmed(
+        two_node_app: Flask) -> None:
+    """A runtime-API job records a launch spec without a model (the dashboard cannot plan what it holds): the dry
+    run still says the layout the job's policy takes and the node Slurm gets back, and the confirm is offered."""
+    store: Store = two_node_app.extensions["elastic_store"]
+    store.set_launch_spec(1, {**SPEC, "model": None})
+    client = two_node_app.test_client()
+    client.csrf = login(client, "admin")
+    html = _preview(client, ["n2"]).text
+    assert 'data-refused="no"' in html and "pp2tp1dp2 → pp2tp1dp1" in html and "no dry run of them" in html
+    assert 'releases <span class="released">n2</span>' in html and "Confirm: move big off n2" in html
+    assert "data-bytes" not in html

@@ -32,6 +32,10 @@ def test_mixer_tp_dp_migrates_live_bit_exact_on_shrink_and_grow(tmp_path: Path) 
     assert [(m.kind, m.status, m.from_layout, m.to_layout) for m in migs] == [
         ("live", "succeeded", "pp1tp2dp2", "pp1tp2dp1"), ("live", "succeeded", "pp1tp2dp1", "pp1tp2dp2")]
     assert migs[1].bytes_moved > 0  # the grow fills the new node; the shrink kept node0 whole (local copies)
+    # what `elastic jobs` and the job page say it survives, for a script's own model too (no dry-run model): back
+    # on pp1tp2dp2, a TP group per node, each node a full replica; the local backend's batch node, nothing
+    spec = store.launch_spec(job.id)
+    assert spec["model"] is None and spec["survives"] == {"process": True, "node": True, "batch": False}
 
 
 def test_the_plain_training_that_live_mode_is_timed_against_is_the_same_training(tmp_path: Path) -> None:
