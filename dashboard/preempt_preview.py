@@ -74,10 +74,11 @@ def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str
     target = (spec.get("layouts") or {}).get(str(devices))
     if not target:
         return refuse(f"the job's policy has no layout for {devices} devices")
+    stays, notes = slurm_keeps(job, leaving, holders)
+    staying = tuple(n for n in leaving if n in stays)
     if not spec.get("model"):  # the script's own model (runtime API): its launcher plans the bytes, not this
-        stays, notes = slurm_keeps(job, leaving, holders)
         return JobPreview(job.id, job.name, leaving, keep, job.layout, target, None, None,
-                          tuple(n for n in leaving if n not in stays), tuple(n for n in leaving if n in stays), notes)
+                          tuple(n for n in leaving if n not in stays), staying, notes)
     topo = Topology(tuple(Device(i, n, g) for i, (n, g) in
                           enumerate((n, g) for n in held for g in range(job.gpus_on(n)))), frozenset(keep))
     index = {(d.node, d.gpu): d.id for d in topo.devices}
@@ -87,10 +88,8 @@ def preview_job(job: ElasticJob, spec: Mapping[str, Any] | None, picked: set[str
         p = plan(ModelSpec(**spec["model"]), prev, ParallelConfig.parse(target), topo)
     except (LayoutError, KeyError) as exc:
         return refuse(f"the planner cannot plan it: {exc}")
-    stays, notes = slurm_keeps(job, leaving, holders)
     return JobPreview(job.id, job.name, leaving, keep, job.layout, str(p.curr.layout), p.bytes_moved,
-                      p.bytes_checkpoint, tuple(n for n in p.nodes_released if n not in stays),
-                      tuple(n for n in leaving if n in stays), notes)
+                      p.bytes_checkpoint, tuple(n for n in p.nodes_released if n not in stays), staying, notes)
 
 
 def slurm_keeps(job: ElasticJob, leaving: Sequence[str], holders: Sequence[Holder] | None) -> tuple[set[str], tuple[str, ...]]:
