@@ -1,11 +1,12 @@
 """Shared plumbing for the Store: engine, sessions-as-transactions, clock, time conversion."""
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import open_engine
@@ -14,6 +15,7 @@ from db.schema import upgrade
 from db.urls import normalize_url
 
 Clock = Callable[[], datetime]
+T = TypeVar("T")
 
 
 def utc_now() -> datetime:
@@ -32,6 +34,21 @@ def from_db(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=timezone.utc) if value is not None else None
 
 
+def _retry_lock_race(first_transactions: Callable[[], T], tries: int = 4) -> T:
+    """first_transactions(), again after a pause when SQLite lost its WAL-index race (SQLITE_PROTOCOL,
+    'locking protocol'): SQLite's docs say the loser of that race retries, and SQLite itself gives up after
+    some seconds of losing, which a loaded machine opening a fresh file saw once (CI); the schema's
+    transactions are safe to run again (they read the version under the lock)."""
+    for attempt in range(tries):
+        try:
+            return first_transactions()
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlite_errorname", None) != "SQLITE_PROTOCOL" or attempt == tries - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 class StoreBase:
     """Opens the database, upgrades its schema, and hands out one transaction per call."""
 
@@ -47,8 +64,8 @@ class StoreBase:
         self._engine, self.display_url = open_engine(self.url, create=create, readonly=readonly,
                                                      pool_size=pool_size)
         try:
-            self.schema_found, self.schema_version = upgrade(
-                self._engine, self.display_url, create=create, migrate=upgrade_schema and not readonly)
+            self.schema_found, self.schema_version = _retry_lock_race(lambda: upgrade(
+                self._engine, self.display_url, create=create, migrate=upgrade_schema and not readonly))
         except SQLAlchemyError as exc:
             self._engine.dispose()
             raise DatabaseError(f"cannot use {self.display_url}: {getattr(exc, 'orig', exc)}") from None

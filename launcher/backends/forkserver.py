@@ -20,6 +20,7 @@ REQ_FD REP_FD`) speak JSON lines over two pipes: a request {id, argv, env, cwd, 
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -306,6 +307,10 @@ def become(req: dict, before: Mapping[str, str]) -> int:
                                        encoding=sys.stdout.encoding, errors=sys.stdout.errors)
     sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False, encoding=sys.stderr.encoding,  # noqa: SIM115
                                        errors="backslashreplace")
+    # a worker that aborts or crashes in C code (a gloo thread, a destructor) says where in its log: the
+    # Python stack of every thread, as `python -X faulthandler` would (the rare abort after a job's last
+    # step, see end(), left only its exit code)
+    faulthandler.enable(sys.stderr, all_threads=True)
     argv = req["argv"]
     module = argv[2] if argv[1] == "-m" else None
     first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[1]))

@@ -124,8 +124,13 @@ def _rank0(port: int, n: int, seconds: float, out, go, step) -> None:
 
 
 def _launcher_poll(port: int, n: int, poll_s: float, stop: threading.Event, counts: dict) -> None:
-    """What the launcher reads every poll in live mode (launcher.loop.launcher._poll_live)."""
+    """What the launcher reads every poll in live mode (launcher.loop.launcher._poll_live), counted from
+    its steady state on: until every rank has beaten once, the step keys are read one by one (Control._values),
+    and on a loaded machine those first polls are most of a short run's."""
     ctl = Control(HOST, port, timeout_s=600)
+    keys = [f"step/{d}" for d in range(n)]
+    while not ctl.store.check(keys) and not stop.wait(poll_s):
+        pass
     ctl.store = CountingStore(ctl.store)
     devices = list(range(n))
     polls, seen = 0, 0

@@ -17,7 +17,7 @@ Under Slurm the worker also gets srun's contract for the whole world, as `srun -
 train.py` would set it: SLURM_PROCID = RANK, SLURM_LOCALID = LOCAL_RANK, SLURM_GTIDS, and the world's
 SLURM_NTASKS, SLURM_NNODES, SLURM_NODEID, node lists and tasks per node, which the launcher carries
 past srun as $ELASTIC_SRUN_* (srun sets its own step's -- one node's -- in every task). A program that cannot be started is reported in one line (exit
-127), not a traceback.
+127), not a traceback; one that crashes in C code prints its Python stacks (PYTHONFAULTHANDLER, unless set).
 """
 from __future__ import annotations
 
@@ -93,6 +93,10 @@ def main(argv: Sequence[str] | None = None, env: MutableMapping[str, str] = os.e
         print("launcher.runtime.torchrun_exec: give the program to run after --", file=sys.stderr)
         return 2
     env.update(rank_env(env))
+    # a worker that aborts in C code (a gloo thread in the interpreter's teardown, the rare exit -6 after a
+    # job's last step) prints every thread's Python stack to its log, as torchrun's @record would; a user's
+    # own PYTHONFAULTHANDLER (even empty: off) is left as it is
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     if "SLURM_PROCID" in env and f"{ENV_SRUN_PREFIX}SLURM_NODEID" in env and \
             f"{ENV_SRUN_PREFIX}SLURM_NTASKS_PER_NODE" not in env:
         env.pop("SLURM_NTASKS_PER_NODE", None)  # the node's step's: a world of uneven nodes has none

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, inspect
+from sqlalchemy.exc import OperationalError
 
 from db import DatabaseError, Store
 from db.models import Base
@@ -324,3 +325,31 @@ def test_upgrade_from_every_version_keeps_rows_and_matches_a_fresh_schema(
     assert upgraded == created
     assert ("ix_migrations_started_at", ("started_at", "id")) in _indexes(fresh_url)["migrations"]
     assert _indexes(fresh_url) == _indexes(fresh)
+
+
+def _lost_race(msg: str, name: str) -> OperationalError:
+    orig = sqlite3.OperationalError(msg)
+    orig.sqlite_errorname = name  # what sqlite3 sets on the error it raises
+    return OperationalError("BEGIN IMMEDIATE", {}, orig)
+
+
+@pytest.mark.parametrize("name, opens", [("SQLITE_PROTOCOL", True), ("SQLITE_ERROR", False)])
+def test_a_lost_wal_index_race_at_open_is_retried_and_any_other_error_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, opens: bool) -> None:
+    import db.base
+    real, calls = db.base.upgrade, []
+
+    def loses_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise _lost_race("locking protocol", name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(db.base, "upgrade", loses_once)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    if opens:
+        assert Store(url).schema_version == CURRENT_VERSION and len(calls) == 2
+    else:
+        with pytest.raises(DatabaseError, match="locking protocol"):
+            Store(url)
+        assert len(calls) == 1

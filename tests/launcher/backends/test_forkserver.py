@@ -112,6 +112,16 @@ def test_a_signalled_worker_reports_the_signal_and_goes_by_its_name(server, tmp_
     p.kill()  # after its end: nothing to signal, no error
 
 
+def test_a_worker_that_aborts_says_where_in_its_log(server, tmp_path):
+    script = tmp_path / "aborts.py"
+    script.write_text("import os\n\ndef deep_in_the_script():\n    os.abort()\n\ndeep_in_the_script()\n")
+    log = tmp_path / "a.log"
+    p = server.spawn([sys.executable, str(script)], _env(), str(log))
+    assert p.wait(timeout=120) == -signal.SIGABRT
+    text = log.read_text()
+    assert "Fatal Python error: Aborted" in text and "in deep_in_the_script" in text, text
+
+
 def test_what_python_would_not_run_the_same_way_is_not_forked(server, tmp_path):
     script = str(tmp_path / "x.py")
     assert server.spawn([sys.executable, "-u", script], _env(), None) is None  # interpreter flags
