@@ -30,6 +30,7 @@ from launcher.runtime.faults import die_at
 
 #: how long a background write (and its gloo group's collectives) may take before it is dropped
 WRITE_TIMEOUT_S = 300.0
+JOIN_S = 30.0  # a write whose result is set has only its return left; never wait on it for long
 
 
 def failures() -> tuple[type[BaseException], ...]:
@@ -129,7 +130,7 @@ class Safety:
 
     def __init__(self, root: str | None, log: Callable[[str], None], fault=None) -> None:
         self.root, self.log, self.fault = root, log, fault
-        self.pending: tuple[Future, int, bool] | None = None  # (write, step, publisher?)
+        self.pending: tuple[Future, int, bool, threading.Thread] | None = None  # (write, step, publisher?, thread)
         self._group = self._world = None  # the writes' gloo group and the default group it was made in
         self._t0 = 0.0  # when the write in flight started
 
@@ -150,9 +151,10 @@ class Safety:
             shutil.rmtree(tmp, ignore_errors=True)
         state = _state(local, manifest, mesh, extras, step, copy=True)
         fut: Future = Future()
-        threading.Thread(target=_write, args=(fut, state, self._writer(tmp, step), group), daemon=True,
-                         name=f"safety-checkpoint-{step}").start()
-        self.pending = (fut, step, rank == 0)
+        writing = threading.Thread(target=_write, args=(fut, state, self._writer(tmp, step), group), daemon=True,
+                                   name=f"safety-checkpoint-{step}")
+        writing.start()
+        self.pending = (fut, step, rank == 0, writing)
         self._t0 = time.perf_counter()
         if rank == 0:  # what training waited for (a figure for the logs, not a promise)
             self.log(f"safety checkpoint of step {step}: state copied in {self._t0 - t0:.3f} s, writing")
@@ -166,13 +168,20 @@ class Safety:
         """Finish the write in flight (rank 0 publishes it); returns the published folder, if any."""
         if self.pending is None:
             return None
-        fut, step, publisher = self.pending
+        fut, step, publisher, writing = self.pending
         self.pending = None
         try:
             fut.result(timeout=timeout)
         except failures() as exc:  # any failure drops this checkpoint, the one before stays
             self.log(f"safety checkpoint of step {step} dropped: {type(exc).__name__}: {str(exc)[:200]}")
             return None
+        finally:
+            if fut.done():
+                # the thread ends here, not in the interpreter's teardown: its last references (the staged
+                # copies, the writes' gloo group) go with it, and a gloo group destroyed by a daemon thread
+                # while a fresh interpreter finalizes aborts it ('terminate called without an active
+                # exception', exit -6, after a job's last step: the launcher then restores and replays)
+                writing.join(JOIN_S)
         if not publisher:
             return None
         try:

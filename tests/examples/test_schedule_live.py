@@ -72,7 +72,8 @@ def test_a_restore_from_a_safety_checkpoint_goes_on_with_the_schedule(tmp_path: 
     for out, first, last in zip(said, (1, 9), (10, 16)):
         expected += range(first, last + 1)
         # a worker that dies once its steps are done (the rare abort after the last step, forkserver.end's
-        # docstring) is recovered as any death is: a restore from the checkpoint replays the steps after it
+        # docstring; one cause, the checkpoint's write thread, is gone) is recovered as any death is: a
+        # restore from the checkpoint replays the steps after it
         if restored := re.search(r"workers \[\d+\] died.*\n(?:.*\n)*?.*restored from checkpoint at step (\d+)", out):
             crashes = [log.read_text()[-4000:] for log in sorted((tmp_path / "logs").rglob("*"))
                        if log.is_file() and "Fatal Python error" in log.read_text()]

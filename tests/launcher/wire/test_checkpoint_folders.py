@@ -3,6 +3,8 @@ publishing keeps the one complete checkpoint before it when asked (a background 
 and clears older, temporary and half-deleted folders. The expected listings are written out by hand."""
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 from launcher.wire.folders import finalize_checkpoint, latest_checkpoint
@@ -66,7 +68,30 @@ def test_a_background_write_that_dcp_failed_is_dropped_not_raised(tmp_path: Path
     safety = Safety(str(tmp_path), logged.append)
     fut: Future = Future()
     fut.set_exception(CheckpointException("reduce_scatter failed", {2: _wrap_exception(RuntimeError("Connection closed by peer"))}))
-    safety.pending = (fut, 6, True)
+    done = threading.Thread(target=lambda: None)
+    done.start()
+    safety.pending = (fut, 6, True, done)
     assert safety.settle() is None and safety.pending is None
     assert any("step 6 dropped: CheckpointException" in line for line in logged), logged
     assert latest_checkpoint(tmp_path) == (str(tmp_path / "step-4"), 4)
+
+
+def test_settling_a_write_waits_for_its_thread_to_end_not_only_for_its_result(tmp_path: Path) -> None:
+    # the write's thread sets its result, then still drops its references (the staged copies, the writes'
+    # gloo group): settle returns once it ended, so no checkpoint thread is left to the interpreter's teardown
+    from concurrent.futures import Future
+
+    from launcher.runtime.ckpt import Safety
+
+    safety, fut, ended = Safety(str(tmp_path), lambda line: None), Future(), threading.Event()
+
+    def write() -> None:
+        fut.set_result(None)
+        time.sleep(0.5)  # what is left after the result: the thread's frame and its references going away
+        ended.set()
+
+    writing = threading.Thread(target=write, daemon=True)
+    writing.start()
+    safety.pending = (fut, 6, False, writing)
+    safety.settle()
+    assert ended.is_set() and not writing.is_alive()
