@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from launcher.loop.outcome import MigrationFailed, Outcome
+from launcher.loop.workers import exit_codes
 from launcher.policy.survival import covered
 from launcher.wire.folders import latest_checkpoint
 from migrate.layout import LayoutError
@@ -52,7 +53,7 @@ def lose_nodes(mode, gone: dict[str, str]) -> Outcome:
 def on_failure(mode, dead: dict[int, int]) -> Outcome:
     """Re-plan from the surviving replicas, or restore from the safety checkpoint."""
     workers, holdings, rec = mode.workers, mode.holdings, mode.recorder
-    rec.log(f"workers {sorted(dead)} died (exit codes {sorted(set(dead.values()))})")
+    rec.log(f"workers {sorted(dead)} died: {exit_codes(dead)}; {workers.log_hint(dead)}")
     hit = sorted({holdings.node_of(d) for d in dead})
     gone = [n for n in hit if workers.node_gone(n)]
     workers.kill(gone)

@@ -26,6 +26,7 @@ from launcher.wire.env import ENV_ERROR_DIR, ENV_RANK_BASE, ENV_SRUN_PREFIX
 from launcher.wire.guarded_store import GuardedStoreServer
 from launcher.wire.local_peer import same_user
 from launcher.loop.outcome import MigrationFailed, Outcome
+from launcher.loop.workers import exit_codes
 from migrate.layout import ParallelConfig
 from migrate.topology import RankMap
 
@@ -310,8 +311,7 @@ class RestartMode:
         failure a rank recorded (@record) goes into the restart's history notes and the job's end."""
         while True:
             self.failures += 1
-            self.log(f"workers {sorted(dead)} failed (exit codes {sorted(set(dead.values()))}); "
-                     f"{self.workers.log_hint(dead)}")
+            self.log(f"workers {sorted(dead)} failed: {exit_codes(dead)}; {self.workers.log_hint(dead)}")
             cause = self.first_failure(dead)
             if self.failures > self.opts.max_restarts:
                 why = f"workers {sorted(dead)} failed and --max-restarts {self.opts.max_restarts} is used up"

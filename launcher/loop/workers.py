@@ -11,6 +11,25 @@ from launcher.loop.outcome import MigrationFailed
 from launcher.wire.contract import JOIN_CALL
 
 
+def exit_codes(dead: Mapping[int, int]) -> str:
+    """`exit codes [-6] (SIGABRT: an abort in C code)`: the distinct codes of `dead` (device -> code), with the
+    signal named where the backend says a worker was killed by one (a negative code, as Popen has it), so a
+    user knows a crash from a script's own error or a kill."""
+    import signal
+
+    codes = sorted(set(dead.values()))
+    named = []
+    for code in codes:
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                continue
+            named.append(name + {"SIGABRT": ": an abort in C code", "SIGSEGV": ": a crash in C code",
+                                 "SIGKILL": ": killed, e.g. out of memory"}.get(name, ""))
+    return f"exit codes {codes}" + (f" ({', '.join(named)})" if named else "")
+
+
 class Workers:
     """Node name -> the handle of its running workers."""
 
