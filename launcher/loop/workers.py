@@ -13,20 +13,20 @@ from launcher.wire.contract import JOIN_CALL
 
 def exit_codes(dead: Mapping[int, int]) -> str:
     """`exit codes [-6] (SIGABRT: an abort in C code)`: the distinct codes of `dead` (device -> code), with the
-    signal named where the backend says a worker was killed by one (a negative code, as Popen has it), so a
-    user knows a crash from a script's own error or a kill."""
+    signal named where a worker was killed by one, so a user knows a crash from a script's own error or a
+    kill: -N as the local backend has it (Popen's), 128+N as srun reports a task's signal on Slurm."""
     import signal
 
     codes = sorted(set(dead.values()))
     named = []
     for code in codes:
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                continue
+        try:
+            name = signal.Signals(-code if code < 0 else code - 128).name if code < 0 or 128 < code < 160 else None
+        except ValueError:
+            name = None
+        if name is not None:
             named.append(name + {"SIGABRT": ": an abort in C code", "SIGSEGV": ": a crash in C code",
-                                 "SIGKILL": ": killed, e.g. out of memory"}.get(name, ""))
+                                 "SIGKILL": ": killed (out of memory, a lost node, or a kill)"}.get(name, ""))
     return f"exit codes {codes}" + (f" ({', '.join(named)})" if named else "")
 
 
