@@ -39,14 +39,14 @@ def _retry_lock_race(first_transactions: Callable[[], T], tries: int = 4) -> T:
     'locking protocol'): SQLite's docs say the loser of that race retries, and SQLite itself gives up after
     some seconds of losing, which a loaded machine opening a fresh file saw once (CI); the schema's
     transactions are safe to run again (they read the version under the lock)."""
-    for attempt in range(tries):
+    for attempt in range(1, tries):
         try:
             return first_transactions()
         except OperationalError as exc:
-            if getattr(exc.orig, "sqlite_errorname", None) != "SQLITE_PROTOCOL" or attempt == tries - 1:
+            if getattr(exc.orig, "sqlite_errorname", None) != "SQLITE_PROTOCOL":
                 raise
-            time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+        time.sleep(0.2 * attempt)
+    return first_transactions()
 
 
 class StoreBase:

@@ -308,9 +308,10 @@ def become(req: dict, before: Mapping[str, str]) -> int:
     sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False, encoding=sys.stderr.encoding,  # noqa: SIM115
                                        errors="backslashreplace")
     # a worker that aborts or crashes in C code (a gloo thread, a destructor) says where in its log: the
-    # Python stack of every thread, as `python -X faulthandler` would (the rare abort after a job's last
-    # step, see end(), left only its exit code)
-    faulthandler.enable(sys.stderr, all_threads=True)
+    # Python stack of every thread, as `python -X faulthandler` would; on unless the user's own
+    # PYTHONFAULTHANDLER is empty, the rule torchrun_exec gives the workers it starts
+    if env.get("PYTHONFAULTHANDLER", "1"):
+        faulthandler.enable(sys.stderr, all_threads=True)
     argv = req["argv"]
     module = argv[2] if argv[1] == "-m" else None
     first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[1]))

@@ -104,7 +104,8 @@ class Holdings:
         count in it; and what the running layout survives, which `elastic jobs` and the job page show."""
         layouts = {str(devices): str(layout) for _n, devices, layout in self.layout_choices()}
         return {"model": None if self.model is None else self.model.flags(), "min_nodes": self.opts.min_nodes,
-                "max_nodes": self.opts.max_nodes, "gpus_per_node": self.gpn, "layouts": layouts, "placement": self.opts.placement,
+                "max_nodes": self.opts.max_nodes, "gpus_per_node": self.gpn, "layouts": layouts,
+                "placement": self.opts.placement,
                 "checkpoint_every": self.opts.checkpoint_every, "survives": self.survival(current).as_dict()}
 
     # -- what the database records of them ----------------------------------------------------------

@@ -2,6 +2,7 @@
 so every mode ends a node's workers the same way and never leaves a handle behind."""
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -11,22 +12,22 @@ from launcher.loop.outcome import MigrationFailed
 from launcher.wire.contract import JOIN_CALL
 
 
+_SIGNAL_MEANS = {"SIGABRT": ": an abort in C code", "SIGSEGV": ": a crash in C code",
+                 "SIGKILL": ": killed (out of memory, a lost node, or a kill)"}
+
+
 def exit_codes(dead: Mapping[int, int]) -> str:
     """`exit codes [-6] (SIGABRT: an abort in C code)`: the distinct codes of `dead` (device -> code), with the
     signal named where a worker was killed by one, so a user knows a crash from a script's own error or a
     kill: -N as the local backend has it (Popen's), 128+N as srun reports a task's signal on Slurm."""
-    import signal
-
     codes = sorted(set(dead.values()))
     named = []
     for code in codes:
         try:
-            name = signal.Signals(-code if code < 0 else code - 128).name if code < 0 or 128 < code < 160 else None
-        except ValueError:
-            name = None
-        if name is not None:
-            named.append(name + {"SIGABRT": ": an abort in C code", "SIGSEGV": ": a crash in C code",
-                                 "SIGKILL": ": killed (out of memory, a lost node, or a kill)"}.get(name, ""))
+            name = signal.Signals(-code if code < 0 else code - 128 if 128 < code < 160 else 0).name
+        except ValueError:  # a script's own code, or no such signal
+            continue
+        named.append(name + _SIGNAL_MEANS.get(name, ""))
     return f"exit codes {codes}" + (f" ({', '.join(named)})" if named else "")
 
 
